@@ -1,0 +1,24 @@
+"""hfpatch: the right logits from Hugging Face transformers models with padding and KV caches.
+
+>>> import hfpatch
+>>> hfpatch.apply()     # doctest: +SKIP
+>>> print(hfpatch.status())   # doctest: +SKIP
+"""
+
+from typing import Any
+
+from . import adapters as _adapters  # noqa: F401  (registers the adapters)
+from .engine import AdapterStatus, Status, apply, patched, revert, status
+
+__version__ = "0.1.0"
+
+__all__ = ["AdapterStatus", "Status", "__version__", "apply", "patched", "positions", "revert", "status"]
+
+
+def __getattr__(name: str) -> Any:
+    # hfpatch.positions imports torch; keep `import hfpatch` light until it is used
+    if name == "positions":
+        from . import positions
+
+        return positions
+    raise AttributeError(f"module 'hfpatch' has no attribute {name!r}")

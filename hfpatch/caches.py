@@ -1,0 +1,71 @@
+"""What a KV cache object says about its length, on every transformers release from 4.20 on.
+
+Three families, told apart by what the object has, never by the release number:
+
+- legacy tuples ``((k, v), ...)`` (all releases up to 4.47 for Llama/Gemma, 4.57 for GPT-2): the length
+  is the key's sequence dimension, a Python int;
+- growing ``Cache`` objects (``DynamicCache`` and friends, 4.36+): ``get_seq_length()``, a Python int;
+- static caches (``StaticCache``, 4.38+): a fixed capacity (a Python int) and a fill level that is a
+  tensor. 5.4+ keeps an exact counter (``cumulative_length``); 4.38-5.3 guessed it from the key
+  contents, which hfpatch does better with :func:`hfpatch.positions.static_fill_level`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Union
+
+import torch
+
+from .positions import static_fill_level
+
+__all__ = ["capacity", "exact_fill_level", "fill_level", "past_length"]
+
+
+def past_length(cache: Any) -> int:
+    """Tokens held by a legacy tuple or a growing cache (not a static one); 0 for ``None``."""
+    if cache is None:
+        return 0
+    if isinstance(cache, (tuple, list)):
+        if len(cache) == 0 or cache[0] is None or cache[0][0] is None:
+            return 0
+        return int(cache[0][0].shape[-2])
+    return int(cache.get_seq_length())
+
+
+def capacity(cache: Any) -> Optional[int]:
+    """Fixed number of slots of a static cache; ``None`` for a cache that grows (or no cache)."""
+    if cache is None or isinstance(cache, (tuple, list)):
+        return None
+    size = getattr(cache, "max_cache_len", None)  # StaticCache 4.38-4.57
+    if size is None:
+        layers = getattr(cache, "layers", None) or ()  # 4.54+: per-layer objects
+        size = getattr(layers[0], "max_cache_len", None) if len(layers) else None
+    return size if isinstance(size, int) and size > 0 else None
+
+
+def fill_level(cache: Any) -> Union[int, torch.Tensor]:
+    """Filled slots of a static cache: the exact counter where the release keeps one (5.4+), else
+    one past the last slot written in the first layer's keys (``get_seq_length()`` under-counts zero
+    keys before 5.4). A 0-d tensor, or 0 before the cache's first write."""
+    level = exact_fill_level(cache)
+    if level is not None:
+        return level
+    keys = _first_layer_keys(cache)
+    return 0 if keys is None else static_fill_level(keys)
+
+
+def exact_fill_level(cache: Any) -> Optional[Union[int, torch.Tensor]]:
+    """The static cache's own counter (``cumulative_length``, 5.4+), or ``None`` where it keeps none."""
+    layers = getattr(cache, "layers", None) or ()
+    counter = getattr(layers[0], "cumulative_length", None) if len(layers) else None
+    return cache.get_seq_length() if isinstance(counter, torch.Tensor) else None
+
+
+def _first_layer_keys(cache: Any) -> Optional[torch.Tensor]:
+    layers = getattr(cache, "layers", None)
+    if layers is not None:  # 4.54+
+        return getattr(layers[0], "keys", None) if len(layers) else None
+    keys = getattr(cache, "key_cache", None)  # a tensor in 4.38-4.40, a list of tensors in 4.41-4.53
+    if isinstance(keys, (list, tuple)):
+        keys = keys[0] if len(keys) else None
+    return keys if isinstance(keys, torch.Tensor) and keys.dim() == 4 else None

@@ -1,0 +1,97 @@
+"""Adapter declarations and the checks that decide whether one may patch: release range, signature."""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from functools import cache
+from importlib import metadata
+from typing import Callable, Optional
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+__all__ = ["Adapter", "Signature", "gate_reason", "installed_transformers", "read_signature"]
+
+CACHE_NAMES = ("cache", "past_key_values")  # 5.24 renamed past_key_values -> cache
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """What one architecture needs: the class whose ``forward`` is patched, and where that is safe.
+
+    Attributes:
+        arch: short name used by ``apply(archs=[...])``.
+        module: the modeling module, imported by the user (never by hfpatch).
+        cls: class in ``module`` whose own ``forward`` is replaced.
+        versions: transformers releases this adapter patches (PEP 440 specifier).
+        why: one line: what the range rests on.
+        required: parameters the target's signature must have (besides the cache argument).
+        attached_cache: attribute path from the model to a static cache that lives outside the
+            forward's arguments (4.38-4.40 ``model._setup_cache``), read only to find cache slots.
+    """
+
+    arch: str
+    module: str
+    cls: str
+    versions: str
+    why: str
+    required: tuple[str, ...] = ("input_ids", "attention_mask", "position_ids", "inputs_embeds")
+    attached_cache: Optional[str] = None
+
+    @property
+    def target(self) -> str:
+        return f"{self.module}:{self.cls}.forward"
+
+
+@dataclass(frozen=True)
+class Signature:
+    """Facts about a target's signature, read once at install time."""
+
+    positional: tuple[str, ...]  # parameters after ``self`` that may be passed by position, in order
+    cache_kw: str  # "cache" (5.24+) or "past_key_values"
+    has_cache_position: bool  # 4.38-5.3 for Llama/Gemma, 4.52-5.3 for GPT-2
+    has_var_kw: bool  # **kwargs: an unknown keyword is swallowed instead of raising TypeError
+
+
+@cache
+def installed_transformers() -> Optional[Version]:
+    """The installed transformers release, read from package metadata (imports nothing)."""
+    try:
+        return Version(metadata.version("transformers"))
+    except (metadata.PackageNotFoundError, InvalidVersion):
+        return None
+
+
+def gate_reason(adapter: Adapter, version: Optional[Version]) -> Optional[str]:
+    """Why ``adapter`` must not patch this release, or ``None`` when it may."""
+    if version is None:
+        return "transformers is not installed (or its version cannot be read)"
+    if SpecifierSet(adapter.versions).contains(version, prereleases=True):
+        return None
+    return f"transformers {version} is outside {adapter.versions} ({adapter.why})"
+
+
+def read_signature(adapter: Adapter, forward: Callable) -> Signature:
+    """Read ``forward``'s signature; ``TypeError`` saying what is missing if it is not the expected one."""
+    try:
+        params = list(inspect.signature(forward).parameters.values())
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"cannot read the signature of {adapter.target}: {exc}") from exc
+    names = [p.name for p in params]
+    missing = [name for name in adapter.required if name not in names]
+    cache_names = [name for name in CACHE_NAMES if name in names]
+    if not names or names[0] != "self":
+        missing.insert(0, "self")
+    if not cache_names:
+        missing.append(" or ".join(CACHE_NAMES))
+    if missing:
+        found = ", ".join(names)
+        raise TypeError(f"signature mismatch: {adapter.target}({found}) lacks {', '.join(missing)}")
+    positional_kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return Signature(
+        positional=tuple(p.name for p in params[1:] if p.kind in positional_kinds),
+        cache_kw=cache_names[0],
+        has_cache_position="cache_position" in names,
+        has_var_kw=any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params),
+    )

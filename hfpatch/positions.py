@@ -1,0 +1,120 @@
+"""Pure tensor functions that derive positions from an attention mask and a cache length.
+
+Everything here is a small function of tensors and shapes, safe under ``torch.compile(fullgraph=True)``:
+no ``.item()``, no ``int(tensor)``, no Python branch on tensor values. Call them from your own decode
+loops too.
+
+Terms, as in transformers:
+
+- ``attention_mask``: ``[batch, past + new]``, 1 for real tokens, 0 for pads. Column ``j`` is cache slot
+  ``j`` (a padded cached prefix leaves holes of zeros in the middle of a row).
+- *position*: the index of a token among the real tokens of its row (what ``position_ids`` carry into
+  the position embedding or RoPE).
+- *slot*: the index of a token in the KV cache, shared by the whole batch (what ``cache_position``
+  carries). Slots count pads, positions do not.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+
+__all__ = [
+    "cache_positions",
+    "new_token_positions",
+    "positions_from_mask",
+    "static_fill_level",
+]
+
+
+def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Position of every column of a 2-D mask: ``cumsum - 1`` over real tokens, pads get 0.
+
+    Args:
+        attention_mask: ``[batch, length]``, any dtype, 1 (or True) for real tokens, 0 for pads.
+
+    Returns:
+        ``[batch, length]`` int64.
+
+    Example:
+        >>> positions_from_mask(torch.tensor([[0, 0, 1, 1, 1], [1, 1, 0, 1, 0]]))
+        tensor([[0, 0, 0, 1, 2],
+                [0, 1, 0, 2, 0]])
+    """
+    real = attention_mask != 0
+    return (real.long().cumsum(-1) - 1).masked_fill(~real, 0)
+
+
+def new_token_positions(
+    attention_mask: torch.Tensor,
+    num_new: int,
+    slots: Optional[Union[int, torch.Tensor]] = None,
+) -> torch.Tensor:
+    """Positions of the ``num_new`` tokens of this call, from a mask that spans past and new tokens.
+
+    Args:
+        attention_mask: ``[batch, length]``; columns are cache slots.
+        num_new: number of tokens in this call (``input_ids.shape[1]``).
+        slots: where the new tokens sit in the mask. ``None``: the last ``num_new`` columns (the usual
+            mask of length past + new). An ``int``: the first new column. A 1-D int64 tensor of
+            ``num_new`` column indices (a ``cache_position``), for a mask that spans a whole static
+            cache.
+
+    Returns:
+        ``[batch, num_new]`` int64, contiguous (a fresh tensor, so strides stay the same from call to
+        call under ``torch.compile``).
+
+    Example:
+        A right-padded cached prefix ``[a b c <pad>]`` continued by one token ``d``:
+
+        >>> mask = torch.tensor([[1, 1, 1, 0, 1]])
+        >>> new_token_positions(mask, 1)
+        tensor([[3]])
+    """
+    positions = positions_from_mask(attention_mask)
+    if isinstance(slots, torch.Tensor):
+        return positions.index_select(1, slots.reshape(-1).to(positions.device))
+    start = attention_mask.shape[1] - num_new if slots is None else slots
+    return positions[:, start : start + num_new].clone(memory_format=torch.contiguous_format)
+
+
+def cache_positions(
+    num_new: int, past: Union[int, torch.Tensor], device: Optional[torch.device] = None
+) -> torch.Tensor:
+    """Cache slots of ``num_new`` tokens written after ``past`` cached ones: ``arange(num_new) + past``.
+
+    ``past`` may be a Python int or a 0-d/1-element tensor (a static cache's fill level). The form
+    ``arange(n) + past`` (not ``arange(past, past + n)``) keeps a tensor ``past`` traceable.
+
+    Example:
+        >>> cache_positions(3, torch.tensor(5))
+        tensor([5, 6, 7])
+    """
+    if isinstance(past, torch.Tensor):
+        return torch.arange(num_new, device=past.device) + past.reshape(())
+    return torch.arange(num_new, device=device) + past
+
+
+def static_fill_level(keys: torch.Tensor) -> torch.Tensor:
+    """Number of filled slots of a static key buffer: one past the last slot any row or head wrote.
+
+    transformers 4.39-5.3 guessed this with ``keys[0, 0].any(-1).sum()``, which under-counts when a
+    cached key of row 0, head 0 is exactly zero (a zero embedding, transformers #30377, or a pad token
+    whose embedding is zero). Taking the last non-zero slot over every row and head is wrong only if
+    the newest slot is zero for the whole batch.
+
+    Args:
+        keys: ``[batch, heads, slots, head_dim]``.
+
+    Returns:
+        0-d int64 tensor.
+
+    Example:
+        >>> keys = torch.zeros(1, 1, 6, 2); keys[0, 0, 1:3] = 1.0   # slot 0 holds a zero key
+        >>> static_fill_level(keys)
+        tensor(3)
+    """
+    used = (keys != 0).any(-1).any(1).any(0)  # [slots]: written by some row and head
+    slot_numbers = torch.arange(1, used.shape[0] + 1, device=keys.device)
+    return (used.long() * slot_numbers).amax() if used.shape[0] else slot_numbers.sum()  # empty: 0
