@@ -18,7 +18,7 @@ import torch
 
 from .positions import static_fill_level
 
-__all__ = ["capacity", "exact_fill_level", "fill_level", "past_length"]
+__all__ = ["capacity", "exact_fill_level", "fill_level", "one_buffer_for_all_layers", "past_length"]
 
 
 def past_length(cache: Any) -> int:
@@ -59,6 +59,12 @@ def exact_fill_level(cache: Any) -> Optional[Union[int, torch.Tensor]]:
     layers = getattr(cache, "layers", None) or ()
     counter = getattr(layers[0], "cumulative_length", None) if len(layers) else None
     return cache.get_seq_length() if isinstance(counter, torch.Tensor) else None
+
+
+def one_buffer_for_all_layers(cache: Any) -> bool:
+    """A 4.38-4.40 ``StaticCache``: a single key tensor, meant to be attached to one layer by
+    ``model._setup_cache``. Passed as the model's cache argument, every layer writes the same buffer."""
+    return isinstance(getattr(cache, "key_cache", None), torch.Tensor)
 
 
 def _first_layer_keys(cache: Any) -> Optional[torch.Tensor]:

@@ -109,7 +109,8 @@ def run_batched(
             call_mask = torch.cat([mask, mask.new_zeros(batch, mask_width - mask.shape[1])], dim=1)
         with torch.no_grad():
             out = model(input_ids=ids, attention_mask=call_mask, use_cache=True, **{name: cache}, **extra)
-        cache = output_cache(out)
+        if cache is None or isinstance(cache, tuple):  # cache objects are updated in place
+            cache = output_cache(out)
         for r, (n, start) in enumerate(zip(counts, starts)):
             pieces[r].append(out.logits[r, start : start + n])
     return [torch.cat(p) for p in pieces]

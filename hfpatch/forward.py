@@ -82,6 +82,13 @@ def _complete(model: Any, adapter: Adapter, sig: Signature, kwargs: dict) -> Non
     derive_slots = may_derive_slots and capacity is not None  # growing caches: transformers' own is right
     if not (derive_positions or derive_slots or swallowed):
         return
+    if derive_slots and cache is not None and caches.one_buffer_for_all_layers(cache):
+        raise ValueError(
+            f"{sig.cache_kw}: transformers < 4.41 cannot run a StaticCache passed as the cache argument "
+            "(all layers write one buffer; it fails or gives wrong logits even with cache_position). "
+            "Attach it with model._setup_cache(StaticCache, batch_size, max_cache_len) and pass no cache, "
+            "or use transformers >= 4.41"
+        )
     tokens = kwargs.get("input_ids")
     tokens = tokens if tokens is not None else kwargs.get("inputs_embeds")
     if tokens is None:

@@ -1,0 +1,106 @@
+"""Shared fixtures: tiny random models per architecture, stock/patched switching, release facts.
+
+Every test runs on whatever transformers release is installed; a test that cannot apply to it skips
+with the release fact that says why (see ../shared/research/transformers-versions.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from typing import Any, Iterator
+
+import pytest
+import torch
+from packaging.version import Version
+
+import hfpatch
+from hfpatch import doctor, engine
+from hfpatch.gates import gate_reason, installed_transformers
+
+TF = installed_transformers()
+ARCHS = ("gpt2", "llama", "gemma")
+
+
+def arch_skip_reason(arch: str) -> str | None:
+    return gate_reason(engine._registry[arch], TF)
+
+
+def static_cache_skip_reason(arch: str) -> str | None:
+    if TF < Version("4.38"):
+        return f"StaticCache first shipped in 4.38 (installed: {TF})"
+    if TF < Version("4.41"):
+        return f"a StaticCache object as the cache argument needs 4.41+ (installed: {TF}; see test_setup_cache)"
+    if arch == "gpt2" and TF < Version("4.52"):
+        return f"GPT-2 accepts Cache objects from 4.52 (installed: {TF})"
+    return None
+
+
+def make_static_cache(model: Any, batch: int, length: int) -> Any:
+    """A StaticCache for ``model``; the constructor's keywords changed across releases."""
+    import transformers
+
+    params = inspect.signature(transformers.StaticCache.__init__).parameters
+    kwargs: dict[str, Any] = {"config": model.config, "max_cache_len": length}
+    for name, value in (("max_batch_size", batch), ("batch_size", batch), ("device", "cpu"), ("dtype", torch.float32)):
+        if name in params:
+            kwargs[name] = value
+    return transformers.StaticCache(**kwargs)
+
+
+def make_dynamic_cache(model: Any) -> Any:
+    import transformers
+
+    if "config" in inspect.signature(transformers.DynamicCache.__init__).parameters:
+        return transformers.DynamicCache(config=model.config)
+    return transformers.DynamicCache()
+
+
+@pytest.fixture(autouse=True)
+def _applied() -> Iterator[None]:
+    """Every test starts with hfpatch applied and leaves it applied."""
+    hfpatch.apply()
+    yield
+    hfpatch.apply()
+
+
+@contextlib.contextmanager
+def stock() -> Iterator[None]:
+    """Run a block on unpatched transformers."""
+    hfpatch.revert()
+    try:
+        yield
+    finally:
+        hfpatch.apply()
+
+
+_models: dict[str, Any] = {}
+
+
+@pytest.fixture(params=ARCHS)
+def arch(request: pytest.FixtureRequest) -> str:
+    reason = arch_skip_reason(request.param)
+    if reason:
+        pytest.skip(reason)
+    return request.param
+
+
+@pytest.fixture
+def model(arch: str) -> Any:
+    if arch not in _models:
+        _models[arch] = doctor.tiny_model(arch)
+    return _models[arch]
+
+
+def random_rows(lengths: list[int], seed: int = 0) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(1, doctor.VOCAB, (n,), generator=generator).tolist() for n in lengths]
+
+
+def cache_kw(model: Any) -> str:
+    return doctor.cache_kwarg(model)
+
+
+def base_forward(model: Any) -> Any:
+    """The patched class's forward as it is now on the base model (GPT2Model, LlamaModel, ...)."""
+    return type(model.base_model).forward

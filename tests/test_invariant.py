@@ -1,0 +1,78 @@
+"""The core invariant, as a property: any batch, any padding (left, right, holes left by a padded
+cached prefix), split into any number of KV-cached calls (a row may have no new tokens in a call):
+the logits at every real token equal the row run alone, unpadded, in one call (fp32, atol 1e-5).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import make_static_cache, random_rows, static_cache_skip_reason
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hfpatch import doctor
+
+ATOL = 1e-5
+SETTINGS = settings(
+    max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+STATIC_LEN = 16  # 3 calls x 4 tokens at most, plus room
+
+
+@st.composite
+def padded_batches(draw):
+    batch = draw(st.integers(1, 3))
+    calls = draw(st.integers(1, 3))
+    chunks = [[draw(st.integers(0, 4)) for _ in range(batch)] for _ in range(calls)]
+    for r in range(batch):  # every row has at least one real token
+        if sum(c[r] for c in chunks) == 0:
+            chunks[0][r] = draw(st.integers(1, 4))
+    left = [[draw(st.booleans()) for _ in range(batch)] for _ in range(calls)]
+    seed = draw(st.integers(0, 2**16))
+    return chunks, left, seed
+
+
+def _check(model, case, **kwargs):
+    chunks, left, seed = case
+    rows = random_rows([sum(c[r] for c in chunks) for r in range(len(chunks[0]))], seed=seed)
+    got = doctor.run_batched(model, rows, chunks, left, **kwargs)
+    assert doctor.max_diff(model, rows, got) <= ATOL, (chunks, left)
+
+
+@given(case=padded_batches())
+@SETTINGS
+def test_default_cache(model, case):
+    _check(model, case)
+
+
+@given(case=padded_batches(), full_length_mask=st.booleans())
+@SETTINGS
+def test_static_cache(model, arch, case, full_length_mask):
+    reason = static_cache_skip_reason(arch)
+    if reason:
+        pytest.skip(reason)
+    cache = make_static_cache(model, len(case[0][0]), STATIC_LEN)
+    _check(model, case, cache=cache, mask_width=STATIC_LEN if full_length_mask else None)
+
+
+@given(case=padded_batches())
+@settings(max_examples=10, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_inputs_embeds(model, case):
+    """The same invariant when the batch comes as ``inputs_embeds``."""
+    chunks, left, seed = case
+    rows = random_rows([sum(c[r] for c in chunks) for r in range(len(chunks[0]))], seed=seed)
+    embed = model.get_input_embeddings()
+    got = doctor.run_batched(_EmbedsOnly(model, embed), rows, chunks, left)
+    assert doctor.max_diff(model, rows, got) <= ATOL
+
+
+class _EmbedsOnly:
+    """Calls ``model`` with ``inputs_embeds`` in place of ``input_ids``."""
+
+    def __init__(self, model, embed):
+        self.model, self.embed, self.forward = model, embed, model.forward
+
+    def __call__(self, input_ids, **kwargs):
+        with torch.no_grad():
+            return self.model(inputs_embeds=self.embed(input_ids), **kwargs)

@@ -1,0 +1,87 @@
+"""The reports hfpatch exists for, written out by hand: stock transformers is wrong, hfpatch is exact.
+
+Reference everywhere: the same sequence run alone, unpadded, in one call (fp32, atol 1e-5).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import cache_kw, random_rows, stock
+
+from hfpatch import doctor
+
+ATOL = 1e-5
+PAD = doctor.PAD
+
+
+def _alone(model, tokens):
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([tokens])).logits[0]
+
+
+def _18104(model):
+    """transformers #18104: cache a right-padded batch of prefixes, then feed one more token per row."""
+    a, b = random_rows([4, 5], seed=3)
+    ids1 = torch.tensor([a[:3] + [PAD], b[:4]])
+    mask1 = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
+    with torch.no_grad():
+        out1 = model(input_ids=ids1, attention_mask=mask1, use_cache=True)
+        mask2 = torch.cat([mask1, torch.ones(2, 1, dtype=torch.long)], dim=1)
+        out2 = model(
+            input_ids=torch.tensor([[a[3]], [b[4]]]),
+            attention_mask=mask2,
+            **{cache_kw(model): doctor.output_cache(out1)},
+        )
+    full_a, full_b = _alone(model, a), _alone(model, b)
+    prefix_diff = max((out1.logits[0, :3] - full_a[:3]).abs().max(), (out1.logits[1] - full_b[:4]).abs().max())
+    return (out2.logits[0, 0] - full_a[-1]).abs().max().item(), (out2.logits[1, 0] - full_b[-1]).abs().max().item(), prefix_diff.item()
+
+
+def test_18104_right_padded_prefix_plus_one_token(model):
+    row0, row1, prefix = _18104(model)
+    assert row0 <= ATOL and row1 <= ATOL and prefix <= ATOL
+    with stock():
+        row0_stock, row1_stock, _ = _18104(model)
+    assert row0_stock > 1e-3, "stock transformers should get the padded row wrong (the bug this fixes)"
+    assert row1_stock <= ATOL
+
+
+def _left_padded(model, pads):
+    (row,) = random_rows([4], seed=5)
+    ids = torch.tensor([[PAD] * pads + row])
+    mask = torch.tensor([[0] * pads + [1] * len(row)])
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask).logits[0, pads:]
+    return (logits - _alone(model, row)).abs().max().item()
+
+
+@pytest.mark.parametrize("pads", [2, 32])  # trl#469 and transformers' test_left_padding_compatibility (32 pads)
+def test_left_padding_without_position_ids(model, arch, pads):
+    assert _left_padded(model, pads) <= ATOL
+    if arch == "gpt2":  # absolute positions: every real token is shifted on stock
+        with stock():
+            assert _left_padded(model, pads) > 1e-3
+
+
+@pytest.mark.parametrize("scenario", doctor.SCENARIOS, ids=lambda s: s.name)
+def test_doctor_scenarios(model, arch, scenario):
+    rows = doctor.scenario_rows(scenario)
+    fixed = doctor.max_diff(model, rows, doctor.run_batched(model, rows, scenario.chunks, scenario.left))
+    assert fixed <= ATOL
+    with stock():
+        broken = doctor.max_diff(model, rows, doctor.run_batched(model, rows, scenario.chunks, scenario.left))
+    rope_shift_only = arch != "gpt2" and len(scenario.chunks) == 1  # RoPE ignores a uniform left shift
+    assert broken <= ATOL if rope_shift_only else broken > 1e-3
+
+
+def test_variable_suffixes_both_rows_wrong_on_stock(model):
+    """Prefixes [3, 4] right-padded, suffixes [2, 1] left-padded (a left-padding tokenizer, as in the
+    #18104 repro): with stock positions both rows go wrong."""
+    rows = random_rows([5, 5], seed=7)
+    chunks, left = ((3, 4), (2, 1)), ((False, False), (True, True))
+    assert doctor.max_diff(model, rows, doctor.run_batched(model, rows, chunks, left)) <= ATOL
+    with stock():
+        got = doctor.run_batched(model, rows, chunks, left)
+    for row, logits in zip(rows, got):
+        assert (logits - _alone(model, row)).abs().max().item() > 1e-3
