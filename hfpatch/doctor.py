@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import platform
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import torch
 
@@ -75,6 +76,7 @@ def run_batched(
     left: Sequence[Sequence[bool]],
     cache: Any = None,
     mask_width: Optional[int] = None,
+    pass_cache_position: bool = False,
     **extra: Any,
 ) -> list[torch.Tensor]:
     """Run ``rows`` as one padded batch, split into KV-cached calls; return each row's real-token logits.
@@ -85,6 +87,7 @@ def run_batched(
         left: ``left[c][r]``: in call ``c``, pad row ``r`` on the left (else on the right).
         cache: the cache to start from (``None``: the model's default).
         mask_width: pad every mask with zeros to this many columns (a static cache's full length).
+        pass_cache_position: pass each call's cache slots explicitly as ``cache_position``.
         extra: more keyword arguments for every call.
     """
     batch = len(rows)
@@ -107,10 +110,12 @@ def run_batched(
         call_mask = mask
         if mask_width is not None:
             call_mask = torch.cat([mask, mask.new_zeros(batch, mask_width - mask.shape[1])], dim=1)
+        if pass_cache_position:
+            extra["cache_position"] = torch.arange(mask.shape[1] - width, mask.shape[1])
         with torch.no_grad():
             out = model(input_ids=ids, attention_mask=call_mask, use_cache=True, **{name: cache}, **extra)
-        if cache is None or isinstance(cache, tuple):  # cache objects are updated in place
-            cache = output_cache(out)
+        returned = output_cache(out)  # a new object on some releases (4.38-4.40 copy caches into new ones)
+        cache = returned if returned is not None else cache
         for r, (n, start) in enumerate(zip(counts, starts)):
             pieces[r].append(out.logits[r, start : start + n])
     return [torch.cat(p) for p in pieces]
@@ -134,7 +139,10 @@ SCENARIOS = (
     Scenario("right-padded prefix + 1 token", (4, 5), ((3, 4), (1, 1)), ((False, False), (False, False))),
     Scenario("left padding, one call", (3, 6), ((3, 6),), ((True, True),)),
     Scenario(
-        "variable prefixes and suffixes", (5, 5, 3), ((3, 4, 1), (2, 1, 2)), ((False,) * 3, (False, True, False))
+        "variable prefixes and suffixes",
+        (5, 5, 3),
+        ((3, 4, 1), (2, 1, 2)),
+        ((False,) * 3, (False, True, False)),
     ),
 )
 
@@ -183,7 +191,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if entry.state == engine.WAITING:
             models[entry.arch] = tiny_model(entry.arch)  # imports the modeling module: the hook patches it
     status = engine.status()
-    print(f"Python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}")
+    versions = f"torch {torch.__version__}, transformers {transformers.__version__}"
+    print(f"Python {platform.python_version()}, {versions}")
     print()
     print(status)
     print()
@@ -201,7 +210,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             verdict = "fixed" if ok and stock > TOLERANCE else "ok" if ok else "FAIL"
             print(f"{entry.arch:6}  {name:32}  {stock:16.2e}  {fixed:18.2e}  {verdict}")
     print()
-    print(f"hfpatch passes if every hfpatch max|diff| <= {TOLERANCE:g} (fp32, vs each row run alone, unpadded)")
+    print(
+        f"hfpatch passes if every hfpatch max|diff| <= {TOLERANCE:g} (fp32, vs each row run alone, unpadded)"
+    )
     return 1 if failed else 0
 
 

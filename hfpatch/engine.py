@@ -12,8 +12,9 @@ import contextlib
 import sys
 import threading
 import warnings
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import wrapt
 
@@ -25,6 +26,7 @@ APPLIED = "applied"
 WAITING = "waiting for import"
 SKIPPED = "skipped"
 NOT_APPLIED = "not applied"
+
 
 @dataclass
 class _State:

@@ -7,8 +7,10 @@ with the release fact that says why (see ../shared/research/transformers-version
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -16,7 +18,7 @@ from packaging.version import Version
 
 import hfpatch
 from hfpatch import doctor, engine
-from hfpatch.gates import gate_reason, installed_transformers
+from hfpatch.gates import Signature, gate_reason, installed_transformers, read_signature
 
 TF = installed_transformers()
 ARCHS = ("gpt2", "llama", "gemma")
@@ -30,7 +32,9 @@ def static_cache_skip_reason(arch: str) -> str | None:
     if TF < Version("4.38"):
         return f"StaticCache first shipped in 4.38 (installed: {TF})"
     if TF < Version("4.41"):
-        return f"a StaticCache object as the cache argument needs 4.41+ (installed: {TF}; see test_setup_cache)"
+        return (
+            f"a StaticCache object as the cache argument needs 4.41+ (installed: {TF}; see test_setup_cache)"
+        )
     if arch == "gpt2" and TF < Version("4.52"):
         return f"GPT-2 accepts Cache objects from 4.52 (installed: {TF})"
     return None
@@ -42,7 +46,12 @@ def make_static_cache(model: Any, batch: int, length: int) -> Any:
 
     params = inspect.signature(transformers.StaticCache.__init__).parameters
     kwargs: dict[str, Any] = {"config": model.config, "max_cache_len": length}
-    for name, value in (("max_batch_size", batch), ("batch_size", batch), ("device", "cpu"), ("dtype", torch.float32)):
+    for name, value in (
+        ("max_batch_size", batch),
+        ("batch_size", batch),
+        ("device", "cpu"),
+        ("dtype", torch.float32),
+    ):
         if name in params:
             kwargs[name] = value
     return transformers.StaticCache(**kwargs)
@@ -74,6 +83,29 @@ def stock() -> Iterator[None]:
         hfpatch.apply()
 
 
+@contextlib.contextmanager
+def spying(model: Any) -> Iterator[list[dict[str, Any]]]:
+    """Record the keyword arguments the original (unpatched) base-model forward receives."""
+    owner = type(model.base_model)
+    hfpatch.revert()
+    original = owner.__dict__["forward"]
+    seen: list[dict[str, Any]] = []
+
+    @functools.wraps(original)
+    def spy(self: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs)
+        return original(self, *args, **kwargs)
+
+    owner.forward = spy
+    try:
+        hfpatch.apply()
+        yield seen
+    finally:
+        hfpatch.revert()
+        owner.forward = original
+        hfpatch.apply()
+
+
 _models: dict[str, Any] = {}
 
 
@@ -101,6 +133,6 @@ def cache_kw(model: Any) -> str:
     return doctor.cache_kwarg(model)
 
 
-def base_forward(model: Any) -> Any:
-    """The patched class's forward as it is now on the base model (GPT2Model, LlamaModel, ...)."""
-    return type(model.base_model).forward
+def signature(model: Any, arch: str) -> Signature:
+    """What the installed release's base-model forward takes (GPT2Model, LlamaModel, ...)."""
+    return read_signature(engine._registry[arch], type(model.base_model).forward)

@@ -15,7 +15,10 @@ from hfpatch import doctor
 
 ATOL = 1e-5
 SETTINGS = settings(
-    max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=25,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 STATIC_LEN = 16  # 3 calls x 4 tokens at most, plus room
 
@@ -57,7 +60,12 @@ def test_static_cache(model, arch, case, full_length_mask):
 
 
 @given(case=padded_batches())
-@settings(max_examples=10, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=10,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 def test_inputs_embeds(model, case):
     """The same invariant when the batch comes as ``inputs_embeds``."""
     chunks, left, seed = case

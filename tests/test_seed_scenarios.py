@@ -34,8 +34,14 @@ def _18104(model):
             **{cache_kw(model): doctor.output_cache(out1)},
         )
     full_a, full_b = _alone(model, a), _alone(model, b)
-    prefix_diff = max((out1.logits[0, :3] - full_a[:3]).abs().max(), (out1.logits[1] - full_b[:4]).abs().max())
-    return (out2.logits[0, 0] - full_a[-1]).abs().max().item(), (out2.logits[1, 0] - full_b[-1]).abs().max().item(), prefix_diff.item()
+    prefix_diff = max(
+        (out1.logits[0, :3] - full_a[:3]).abs().max(), (out1.logits[1] - full_b[:4]).abs().max()
+    )
+    return (
+        (out2.logits[0, 0] - full_a[-1]).abs().max().item(),
+        (out2.logits[1, 0] - full_b[-1]).abs().max().item(),
+        prefix_diff.item(),
+    )
 
 
 def test_18104_right_padded_prefix_plus_one_token(model):
@@ -56,7 +62,9 @@ def _left_padded(model, pads):
     return (logits - _alone(model, row)).abs().max().item()
 
 
-@pytest.mark.parametrize("pads", [2, 32])  # trl#469 and transformers' test_left_padding_compatibility (32 pads)
+@pytest.mark.parametrize(
+    "pads", [2, 32]
+)  # trl#469 and transformers' test_left_padding_compatibility (32 pads)
 def test_left_padding_without_position_ids(model, arch, pads):
     assert _left_padded(model, pads) <= ATOL
     if arch == "gpt2":  # absolute positions: every real token is shifted on stock

@@ -1,0 +1,187 @@
+"""cache_position: optional wherever a release has it, right for every cache type, honoured (or a
+clear error) where the release removed it; the cache argument under either name."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from conftest import (
+    cache_kw,
+    make_dynamic_cache,
+    make_static_cache,
+    random_rows,
+    signature,
+    static_cache_skip_reason,
+    stock,
+)
+from packaging.version import Version
+
+from hfpatch import doctor
+from hfpatch.gates import installed_transformers
+
+TF = installed_transformers()
+ATOL = 1e-5
+ROWS_CHUNKS = (((3, 4), (2, 1), (1, 1)), ((False, False), (True, False), (False, False)))
+
+
+def _needs_parameter(model, arch):
+    if not signature(model, arch).has_cache_position:
+        pytest.skip(f"{type(model.base_model).__name__}.forward has no cache_position in transformers {TF}")
+
+
+def _needs_static(arch):
+    reason = static_cache_skip_reason(arch)
+    if reason:
+        pytest.skip(reason)
+
+
+def _run(model, cache_factory, explicit, **kwargs):
+    chunks, left = ROWS_CHUNKS
+    rows = random_rows([6, 6], seed=21)
+    got = doctor.run_batched(
+        model, rows, chunks, left, cache=cache_factory(), pass_cache_position=explicit, **kwargs
+    )
+    return rows, got
+
+
+@pytest.mark.parametrize("kind", ["dynamic", "static", "static-full-mask"])
+def test_omitted_equals_explicit(model, arch, kind):
+    _needs_parameter(model, arch)
+    if kind == "dynamic":
+        if arch == "gpt2" and TF < Version("4.52"):
+            pytest.skip("GPT-2 takes Cache objects from 4.52")
+        factory, width = (lambda: make_dynamic_cache(model)), None
+    else:
+        _needs_static(arch)
+        factory, width = (
+            (lambda: make_static_cache(model, 2, 16)),
+            (16 if kind == "static-full-mask" else None),
+        )
+    rows, omitted = _run(model, factory, explicit=False, mask_width=width)
+    _, explicit = _run(model, factory, explicit=True, mask_width=width)
+    for a, b in zip(omitted, explicit):
+        assert torch.equal(a, b)
+    assert doctor.max_diff(model, rows, omitted) <= ATOL
+
+
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_static_cache_zero_key(model, arch, with_mask):
+    """A StaticCache without cache_position stays right when cached keys are exactly zero
+    (transformers #30377: a zero embedding, like JackFram/llama-68m's BOS; transformers' `.any()`
+    count before 5.4 then writes over the last token). Prefill a prompt that starts with such a token,
+    then decode one token per call. With a mask, a zero token may also come last: the mask says
+    exactly where the cache ends; without one, hfpatch reads the last slot written."""
+    if arch == "gpt2":
+        pytest.skip("GPT-2's attention has biases: its keys are never all zero")
+    _needs_static(arch)
+    zero = 5
+    zeroed = copy.deepcopy(model)
+    with torch.no_grad():
+        zeroed.get_input_embeddings().weight[zero] = 0
+    a, b, c, d = random_rows([4], seed=31)[0]
+    row = [zero, a, b, zero, c, d] if with_mask else [zero, a, b, c, d]
+    prompt = 3
+
+    def decode():
+        cache = make_static_cache(zeroed, 1, 16)
+        logits = []
+        for start, stop in [(0, prompt)] + [(i, i + 1) for i in range(prompt, len(row))]:
+            kwargs = {"attention_mask": torch.ones(1, stop, dtype=torch.long)} if with_mask else {}
+            with torch.no_grad():
+                out = zeroed(
+                    input_ids=torch.tensor([row[start:stop]]),
+                    use_cache=True,
+                    **{cache_kw(zeroed): cache},
+                    **kwargs,
+                )
+            logits.append(out.logits[0])
+        return torch.cat(logits)
+
+    reference = doctor.run_alone(zeroed, row)
+    assert (decode() - reference).abs().max().item() <= ATOL
+    if not with_mask and Version("4.41") <= TF < Version("5.4"):
+        with stock():
+            assert (decode() - reference).abs().max().item() > 1e-3, "stock should mis-count the zero key"
+
+
+def test_setup_cache_static_path(model, arch):
+    """4.38-4.40's supported static path (the cache lives on the attention layers): no cache_position
+    needed, and right (stock silently overwrote slot 0)."""
+    if not hasattr(model, "_setup_cache"):
+        pytest.skip(f"model._setup_cache exists in 4.38-4.40 only (installed: {TF})")
+    chunks, left = ROWS_CHUNKS
+    rows = random_rows([6, 6], seed=23)
+    attached = copy.deepcopy(model)
+    for width in (None, 16):
+        attached._setup_cache(__import__("transformers").StaticCache, 2, 16)
+        got = doctor.run_batched(attached, rows, chunks, left, mask_width=width)
+        assert doctor.max_diff(model, rows, got) <= ATOL
+    attached._setup_cache(__import__("transformers").StaticCache, 2, 16)
+    with stock():
+        assert doctor.max_diff(model, rows, doctor.run_batched(attached, rows, chunks, left)) > 1e-3
+
+
+def test_static_cache_object_before_4_41_is_a_clear_error(model, arch):
+    if not (Version("4.38") <= TF < Version("4.41")) or arch == "gpt2":
+        pytest.skip(f"StaticCache objects are usable as the cache argument from 4.41 (installed: {TF})")
+    with pytest.raises(ValueError, match="_setup_cache"):
+        _run(model, lambda: make_static_cache(model, 2, 16), explicit=False)
+
+
+def _needs_removed(model, arch):
+    sig = signature(model, arch)
+    if sig.has_cache_position or not sig.has_var_kw:
+        pytest.skip(f"transformers {TF} has cache_position (or rejects it): the 5.4+ rule does not apply")
+
+
+def test_removed_release_consistent_cache_position_is_honoured(model, arch):
+    _needs_removed(model, arch)
+    rows, with_cp = _run(model, lambda: None, explicit=True)
+    _, without = _run(model, lambda: None, explicit=False)
+    for a, b in zip(with_cp, without):
+        assert torch.equal(a, b)
+    assert doctor.max_diff(model, rows, with_cp) <= ATOL
+
+
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_removed_release_contradicting_cache_position_raises(model, arch, with_mask):
+    _needs_removed(model, arch)
+    (row,) = random_rows([4], seed=3)
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([row[:3]]), use_cache=True)
+        kwargs = {"attention_mask": torch.ones(1, 4, dtype=torch.long)} if with_mask else {}
+        with pytest.raises(ValueError, match="cache_position"):
+            model(
+                input_ids=torch.tensor([row[3:]]),
+                cache_position=torch.tensor([40]),
+                **{cache_kw(model): doctor.output_cache(out)},
+                **kwargs,
+            )
+
+
+def test_cache_under_either_name(model):
+    """`cache=` and `past_key_values=` both work (on every release); the same object twice is fine."""
+    rows = random_rows([5], seed=8)
+    reference = doctor.run_alone(model, rows[0])
+    for names in (["cache"], ["past_key_values"], ["cache", "past_key_values"]):
+        with torch.no_grad():
+            out = model(input_ids=torch.tensor([rows[0][:3]]), use_cache=True)
+            cache = doctor.output_cache(out)
+            out2 = model.base_model(
+                input_ids=torch.tensor([rows[0][3:]]),
+                attention_mask=torch.ones(1, 5, dtype=torch.long),
+                **{name: cache for name in names},
+            )
+            logits = model.get_output_embeddings()(out2.last_hidden_state)[0]
+        assert (logits - reference[3:]).abs().max().item() <= ATOL, names
+
+
+def test_two_different_caches_is_an_error(model):
+    rows = random_rows([3], seed=8)
+    with torch.no_grad():
+        first = doctor.output_cache(model(input_ids=torch.tensor(rows), use_cache=True))
+        second = doctor.output_cache(model(input_ids=torch.tensor(rows), use_cache=True))
+        with pytest.raises(ValueError, match="cache"):
+            model.base_model(input_ids=torch.tensor(rows), cache=first, past_key_values=second)

@@ -1,0 +1,134 @@
+"""What hfpatch must leave exactly as stock transformers has it (bit-identical outputs, or the very
+same exception): explicit position_ids / cache_position, calls without a mask, 4-D masks, generate()."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import cache_kw, make_dynamic_cache, random_rows, signature, spying, stock
+from packaging.version import Version
+
+from hfpatch import doctor
+from hfpatch.gates import installed_transformers
+
+TF = installed_transformers()
+
+
+def same_as_stock(run):
+    """Run ``run()`` patched and on stock; both must return bit-identical tensors or raise alike."""
+    results = []
+    for context in (_nothing(), stock()):
+        with context:
+            try:
+                results.append(("ok", run()))
+            except Exception as exc:  # noqa: BLE001 - comparing behaviour, whatever it is
+                results.append(("raised", f"{type(exc).__name__}: {exc}"))
+    (kind_p, patched), (kind_s, original) = results
+    assert kind_p == kind_s, results
+    if kind_p == "raised":
+        assert patched == original
+    else:
+        assert len(patched) == len(original)
+        for a, b in zip(patched, original):
+            assert torch.equal(a, b)
+    return kind_p
+
+
+class _nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _two_calls(model, extra1, extra2, mask=True):
+    """A right-padded prefix then a 2-token suffix, through the model's default cache."""
+    a, b = random_rows([5, 6], seed=11)
+    ids1 = torch.tensor([a[:3] + [0], b[:4]])
+    mask1 = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
+    ids2 = torch.tensor([a[3:5], b[4:6]])
+    mask2 = torch.cat([mask1, torch.ones(2, 2, dtype=torch.long)], dim=1)
+    with torch.no_grad():
+        out1 = model(input_ids=ids1, attention_mask=mask1 if mask else None, use_cache=True, **extra1)
+        out2 = model(
+            input_ids=ids2,
+            attention_mask=mask2 if mask else None,
+            **{cache_kw(model): doctor.output_cache(out1)},
+            **extra2,
+        )
+    return out1.logits, out2.logits
+
+
+def test_explicit_position_ids(model):
+    first = {"position_ids": torch.tensor([[0, 1, 2, 2], [0, 1, 2, 3]])}
+    second = {"position_ids": torch.tensor([[7, 9], [4, 5]])}  # deliberately odd: must be used as given
+    assert same_as_stock(lambda: _two_calls(model, first, second)) == "ok"
+
+
+def test_explicit_position_ids_and_cache_position(model, arch):
+    if not signature(model, arch).has_cache_position:
+        pytest.skip(f"{type(model.base_model).__name__}.forward has no cache_position in transformers {TF}")
+    first = {"position_ids": torch.tensor([[0, 1, 2, 2], [0, 1, 2, 3]]), "cache_position": torch.arange(4)}
+    second = {"position_ids": torch.tensor([[3, 4], [4, 5]]), "cache_position": torch.arange(4, 6)}
+    assert same_as_stock(lambda: _two_calls(model, first, second)) == "ok"
+
+
+def test_explicit_cache_position_is_forwarded_as_given(model, arch):
+    """cache_position alone says where the cache writes, not the positions (transformers' own doc:
+    "not affected by padding"): hfpatch forwards the caller's tensor itself and still derives
+    position_ids from the mask."""
+    if not signature(model, arch).has_cache_position:
+        pytest.skip(f"{type(model.base_model).__name__}.forward has no cache_position in transformers {TF}")
+    slots = torch.arange(4)
+    with spying(model) as seen:
+        _two_calls(model, {"cache_position": slots}, {})
+    assert seen[0]["cache_position"] is slots
+    assert seen[0]["position_ids"].tolist() == [[0, 1, 2, 0], [0, 1, 2, 3]]
+
+
+def test_no_mask(model):
+    assert same_as_stock(lambda: _two_calls(model, {}, {}, mask=False)) == "ok"
+
+
+def test_no_mask_single_call_with_dynamic_cache_object(model, arch):
+    if TF < Version("4.36") or (arch == "gpt2" and TF < Version("4.52")):
+        pytest.skip(f"Cache objects for {arch} need a newer release than {TF}")
+    (row,) = random_rows([5], seed=2)
+
+    def run():
+        with torch.no_grad():
+            return (
+                model(input_ids=torch.tensor([row]), **{cache_kw(model): make_dynamic_cache(model)}).logits,
+            )
+
+    assert same_as_stock(run) == "ok"
+
+
+def test_4d_mask(model):
+    """A 4-D mask is the caller's own business: hfpatch passes it on untouched."""
+    (row,) = random_rows([4], seed=4)
+    causal = torch.tril(torch.ones(4, 4, dtype=torch.bool))[None, None]
+    float_mask = torch.zeros(1, 1, 4, 4).masked_fill(~causal, torch.finfo(torch.float32).min)
+
+    def run():
+        with torch.no_grad():
+            return (model(input_ids=torch.tensor([row]), attention_mask=float_mask).logits,)
+
+    same_as_stock(run)  # on some releases both raise the same error; otherwise equal outputs
+
+
+def test_generate_left_padded_greedy(model):
+    a, b = random_rows([3, 6], seed=9)
+    ids = torch.tensor([[0, 0, 0] + a, b])
+    mask = torch.tensor([[0, 0, 0, 1, 1, 1], [1] * 6])
+
+    def run():
+        with torch.no_grad():
+            return (
+                model.generate(
+                    input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0
+                ),
+            )
+
+    assert same_as_stock(run) == "ok"
