@@ -5,6 +5,7 @@
 >>> print(hfpatch.status())   # doctest: +SKIP
 """
 
+import importlib
 from typing import Any
 
 from . import adapters as _adapters  # noqa: F401  (registers the adapters)
@@ -18,7 +19,5 @@ __all__ = ["AdapterStatus", "Status", "__version__", "apply", "patched", "positi
 def __getattr__(name: str) -> Any:
     # hfpatch.positions imports torch; keep `import hfpatch` light until it is used
     if name == "positions":
-        from . import positions
-
-        return positions
+        return importlib.import_module("hfpatch.positions")
     raise AttributeError(f"module 'hfpatch' has no attribute {name!r}")

@@ -108,7 +108,7 @@ def apply(archs: Union[str, Iterable[str], None] = None) -> Status:
                 state.skip_reason = reason
                 outside.append(name)
                 continue
-            state.wanted = True
+            state.wanted, state.skip_reason = True, None
             module = sys.modules.get(adapter.module)
             if module is not None:
                 _install(adapter, state, module)

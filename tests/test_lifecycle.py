@@ -1,0 +1,221 @@
+"""apply / revert / patched / status: idempotent, exact, lazy, thread-safe, and never breaking a model."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+import warnings
+
+import pytest
+import torch
+from conftest import random_rows, stock
+from packaging.version import Version
+
+import hfpatch
+from hfpatch import doctor, engine
+
+PATCHED_CLASSES = {"gpt2": "GPT2Model", "llama": "LlamaModel", "gemma": "GemmaModel"}
+
+
+def _owner(model):
+    return type(model.base_model)
+
+
+def test_apply_is_idempotent(model, arch):
+    first = _owner(model).__dict__["forward"]
+    hfpatch.apply()
+    hfpatch.apply([arch])
+    assert _owner(model).__dict__["forward"] is first
+    assert hfpatch.status()[arch].state == "applied"
+
+
+def test_revert_restores_the_exact_original(model, arch):
+    hfpatch.revert()
+    original = _owner(model).__dict__["forward"]
+    hfpatch.apply()
+    assert _owner(model).__dict__["forward"] is not original
+    assert _owner(model).__dict__["forward"].__wrapped__ is original
+    hfpatch.revert()
+    assert _owner(model).__dict__["forward"] is original
+    assert hfpatch.status()[arch].state == "not applied"
+
+
+def test_patched_context_manager(model, arch):
+    hfpatch.revert()
+    original = _owner(model).__dict__["forward"]
+    with hfpatch.patched([arch]) as status:
+        assert status[arch].state == "applied"
+        assert _owner(model).__dict__["forward"] is not original
+    assert _owner(model).__dict__["forward"] is original
+    hfpatch.apply()
+    patch = _owner(model).__dict__["forward"]
+    with hfpatch.patched():
+        pass
+    assert _owner(model).__dict__["forward"] is patch, "an adapter applied before the block stays applied"
+
+
+def test_models_built_before_apply_are_fixed(arch):
+    rows = random_rows([4, 5], seed=1)
+    chunks, left = ((3, 4), (1, 1)), ((False, False), (False, False))
+    with stock():
+        built_while_stock = doctor.tiny_model(arch, seed=3)
+        wrong = doctor.max_diff(
+            built_while_stock, rows, doctor.run_batched(built_while_stock, rows, chunks, left)
+        )
+    assert wrong > 1e-3
+    right = doctor.max_diff(
+        built_while_stock, rows, doctor.run_batched(built_while_stock, rows, chunks, left)
+    )
+    assert right <= 1e-5
+
+
+def test_eight_threads_apply_and_revert(model, arch):
+    hfpatch.revert()
+    original = _owner(model).__dict__["forward"]
+    errors = []
+    barrier = threading.Barrier(8)
+
+    def worker(i):
+        try:
+            barrier.wait()
+            for _ in range(50):
+                (hfpatch.apply if i % 2 else hfpatch.revert)()
+                current = _owner(model).__dict__["forward"]
+                assert current is original or getattr(current, "__wrapped__", None) is original
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    hfpatch.apply()
+    assert _owner(model).__dict__["forward"].__wrapped__ is original
+    assert hfpatch.status()[arch].state == "applied"
+    hfpatch.revert()
+    assert _owner(model).__dict__["forward"] is original
+
+
+def test_status_is_structured_and_printable(model, arch):
+    status = hfpatch.status()
+    entry = status[arch]
+    assert entry.target == f"transformers.models.{arch}.modeling_{arch}:{PATCHED_CLASSES[arch]}.forward"
+    assert entry.state == "applied" and entry.versions in entry.reason
+    text = str(status)
+    assert entry.target in text and "applied" in text and str(status.transformers) in text
+    with pytest.raises(KeyError, match="known"):
+        status["no-such-arch"]
+
+
+def test_unknown_arch_lists_the_known_ones():
+    with pytest.raises(ValueError, match="gpt2, llama, gemma"):
+        hfpatch.apply(["no-such-arch"])
+    with pytest.raises(TypeError, match="archs"):
+        hfpatch.apply([3])
+
+
+def test_signature_mismatch_is_skipped_and_the_model_still_works(model, arch):
+    """A release whose forward lacks a parameter the adapter relies on: skipped, reported, untouched."""
+    owner = _owner(model)
+    hfpatch.revert()
+    original = owner.__dict__["forward"]
+
+    def forward_without_position_ids(self, input_ids=None, attention_mask=None, past_key_values=None, **kw):
+        return original(
+            self, input_ids=input_ids, attention_mask=attention_mask, past_key_values=past_key_values, **kw
+        )
+
+    owner.forward = forward_without_position_ids
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            status = hfpatch.apply([arch])
+        assert status[arch].state == "skipped"
+        assert "position_ids" in status[arch].reason and "signature" in status[arch].reason
+        assert owner.__dict__["forward"] is forward_without_position_ids
+        (row,) = random_rows([4], seed=2)
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([row])).logits[0]
+        assert (logits - doctor.run_alone(model, row)).abs().max().item() == 0
+    finally:
+        hfpatch.revert()
+        owner.forward = original
+        hfpatch.apply()
+
+
+def test_release_outside_every_gate_patches_nothing_and_warns_once(monkeypatch):
+    hfpatch.revert()
+    monkeypatch.setattr(engine, "installed_transformers", lambda: Version("4.10.0"))
+    monkeypatch.setattr(engine, "_warned_outside", False)
+    with pytest.warns(RuntimeWarning, match="patches nothing for transformers 4.10.0"):
+        status = hfpatch.apply()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        hfpatch.apply()  # warns once only
+    for entry in status.adapters:
+        assert entry.state == "skipped" and "4.10.0 is outside" in entry.reason
+
+
+def test_revert_leaves_a_later_patch_by_someone_else(model, arch):
+    owner = _owner(model)
+    ours = owner.__dict__["forward"]
+
+    def theirs(self, *args, **kwargs):
+        return ours(self, *args, **kwargs)
+
+    owner.forward = theirs
+    try:
+        hfpatch.revert()
+        assert owner.__dict__["forward"] is theirs
+    finally:
+        owner.forward = ours.__wrapped__
+        hfpatch.apply()
+
+
+def _python(code):
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def test_apply_before_importing_transformers_is_lazy():
+    out = _python(
+        """
+        import sys, hfpatch
+        hfpatch.apply()
+        print(sorted(m for m in sys.modules if m.startswith("transformers.models.")))
+        print("torch" in sys.modules)
+        import transformers
+        from transformers import GPT2Model
+        print(hfpatch.status()["gpt2"].state, hasattr(GPT2Model.forward, "__wrapped__"))
+        print(hfpatch.status()["llama"].state)
+        """
+    )
+    lines = out.splitlines()
+    assert lines[0] == "[]", "apply() must import no transformers.models module"
+    assert lines[1] == "False", "apply() must not import torch"
+    assert lines[2] == "applied True"
+    assert lines[3] in ("waiting for import", "skipped")
+
+
+def test_apply_after_building_a_model():
+    out = _python(
+        """
+        import hfpatch
+        from hfpatch import doctor
+        model = doctor.tiny_model("gpt2")
+        rows = [[5, 6, 7, 8], [9, 10, 11, 12, 13]]
+        chunks, left = ((3, 4), (1, 1)), ((False, False), (False, False))
+        before = doctor.max_diff(model, rows, doctor.run_batched(model, rows, chunks, left))
+        hfpatch.apply()
+        after = doctor.max_diff(model, rows, doctor.run_batched(model, rows, chunks, left))
+        print(before > 1e-3, after <= 1e-5)
+        """
+    )
+    assert out.split() == ["True", "True"]
