@@ -48,7 +48,9 @@ def padded_batch(batch: int, length: int, seed: int = 0) -> tuple[torch.Tensor, 
     return ids, mask
 
 
-def median_ratio(a: Callable[[], Any], b: Callable[[], Any], repeats: int = REPEATS) -> tuple[float, float, float]:
+def median_ratio(
+    a: Callable[[], Any], b: Callable[[], Any], repeats: int = REPEATS
+) -> tuple[float, float, float]:
     """Median of time(a)/time(b) over interleaved repeats, with both medians (ms)."""
     for _ in range(3):
         a(), b()
@@ -69,23 +71,24 @@ def median_ratio(a: Callable[[], Any], b: Callable[[], Any], repeats: int = REPE
 
 def eager_padded_forward(batch: int, length: int) -> list[str]:
     """Derived positions vs the same call with positions passed by hand (both patched)."""
-    rows = []
-    for arch in ("gpt2", "llama"):
-        model = small_model(arch)
-        ids, mask = padded_batch(batch, length)
-        by_hand = positions_from_mask(mask)
+    return [_eager_padded_row(arch, batch, length) for arch in ("gpt2", "llama")]
 
-        def derived() -> Any:
-            with torch.no_grad():
-                return model(input_ids=ids, attention_mask=mask)
 
-        def explicit() -> Any:
-            with torch.no_grad():
-                return model(input_ids=ids, attention_mask=mask, position_ids=by_hand)
+def _eager_padded_row(arch: str, batch: int, length: int) -> str:
+    model = small_model(arch)
+    ids, mask = padded_batch(batch, length)
+    by_hand = positions_from_mask(mask)
 
-        ratio, ms_a, ms_b = median_ratio(derived, explicit)
-        rows.append(f"| {arch} | {batch} x {length} | {ms_a:.2f} | {ms_b:.2f} | **{ratio:.3f}** |")
-    return rows
+    def derived() -> Any:
+        with torch.no_grad():
+            return model(input_ids=ids, attention_mask=mask)
+
+    def explicit() -> Any:
+        with torch.no_grad():
+            return model(input_ids=ids, attention_mask=mask, position_ids=by_hand)
+
+    ratio, ms_a, ms_b = median_ratio(derived, explicit)
+    return f"| {arch} | {batch} x {length} | {ms_a:.2f} | {ms_b:.2f} | **{ratio:.3f}** |"
 
 
 def main() -> None:
