@@ -89,10 +89,11 @@ def _complete(model: Any, adapter: Adapter, sig: Signature, kwargs: dict) -> Non
             "Attach it with model._setup_cache(StaticCache, batch_size, max_cache_len) and pass no cache, "
             "or use transformers >= 4.41"
         )
-    tokens = kwargs.get("input_ids")
-    tokens = tokens if tokens is not None else kwargs.get("inputs_embeds")
+    tokens, rank = kwargs.get("input_ids"), 2
     if tokens is None:
-        return  # transformers raises its own error for this
+        tokens, rank = kwargs.get("inputs_embeds"), 3
+    if tokens is None or tokens.dim() != rank:
+        return  # no inputs (transformers raises its own error), or GPT-2's [batch, choices, tokens]: stock
     batch, num_new = tokens.shape[0], tokens.shape[1]
     if derive_positions:
         _check_mask(mask, batch)

@@ -132,3 +132,22 @@ def test_generate_left_padded_greedy(model):
             )
 
     assert same_as_stock(run) == "ok"
+
+
+def test_gpt2_multiple_choice_inputs(model, arch):
+    """GPT2DoubleHeadsModel feeds [batch, choices, tokens] ids and masks: left exactly as stock."""
+    if arch != "gpt2":
+        pytest.skip("only GPT-2 takes multiple-choice inputs")
+    import transformers
+
+    torch.manual_seed(0)
+    double = transformers.GPT2DoubleHeadsModel(model.config).eval()
+    ids = torch.tensor(random_rows([6, 6], seed=12)).reshape(1, 2, 6)
+    mask = torch.tensor([[[1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1]]])
+
+    def run():
+        with torch.no_grad():
+            out = double(input_ids=ids, attention_mask=mask, mc_token_ids=torch.tensor([[5, 5]]))
+        return out.logits, out.mc_logits
+
+    assert same_as_stock(run) == "ok"
