@@ -9,16 +9,30 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import os
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
+from hypothesis import HealthCheck, settings
 from packaging.version import Version
 
 import hfpatch
 from hfpatch import doctor, engine
 from hfpatch.gates import Signature, gate_reason, installed_transformers, read_signature
+
+settings.register_profile(
+    "default",
+    max_examples=25,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+settings.register_profile(
+    "matrix", parent=settings.get_profile("default"), max_examples=8
+)  # compat/: 64 releases
+settings.load_profile(os.environ.get("HFPATCH_HYPOTHESIS_PROFILE", "default"))
 
 TF = installed_transformers()
 ARCHS = ("gpt2", "llama", "gemma")

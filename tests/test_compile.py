@@ -42,6 +42,7 @@ def test_fullgraph_eager_backend(model):
     assert doctor.max_diff(model, rows, compiled) <= ATOL
 
 
+@pytest.mark.inductor
 def test_inductor_padded_batch(model, arch):
     if arch != "gpt2":
         pytest.skip("one inductor test is enough (slow on CPU): GPT-2, the most position-sensitive")

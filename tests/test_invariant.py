@@ -8,18 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import make_static_cache, random_rows, static_cache_skip_reason
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from hfpatch import doctor
 
 ATOL = 1e-5
-SETTINGS = settings(
-    max_examples=25,
-    deadline=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.function_scoped_fixture],
-)
 STATIC_LEN = 16  # 3 calls x 4 tokens at most, plus room
 
 
@@ -44,13 +38,11 @@ def _check(model, case, **kwargs):
 
 
 @given(case=padded_batches())
-@SETTINGS
 def test_default_cache(model, case):
     _check(model, case)
 
 
 @given(case=padded_batches(), full_length_mask=st.booleans())
-@SETTINGS
 def test_static_cache(model, arch, case, full_length_mask):
     reason = static_cache_skip_reason(arch)
     if reason:
@@ -60,12 +52,6 @@ def test_static_cache(model, arch, case, full_length_mask):
 
 
 @given(case=padded_batches())
-@settings(
-    max_examples=10,
-    deadline=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.function_scoped_fixture],
-)
 def test_inputs_embeds(model, case):
     """The same invariant when the batch comes as ``inputs_embeds``."""
     chunks, left, seed = case

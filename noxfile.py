@@ -1,0 +1,82 @@
+"""The release matrix: one nox session per transformers release in compat/releases.txt.
+
+    nox -s matrix                          # every release (hours: see compat/README.md)
+    nox -s "matrix(transformers='4.40.2')"  # one release
+    python compat/report.py                # compat/results/ -> compat/REPORT.md + compat/summary.json
+
+Each session makes (or, with -R, reuses) a virtualenv with torch==2.13.0 (CPU) and that release,
+installs hfpatch from the checkout, runs the test suite (JUnit XML) and the stock-vs-hfpatch case
+count (JSON) into compat/results/.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+RESULTS = ROOT / "compat" / "results"
+RELEASES = [
+    line.strip()
+    for line in (ROOT / "compat" / "releases.txt").read_text().splitlines()
+    if line.strip() and not line.startswith("#")
+]
+CI_RELEASES = [
+    "4.20.1",
+    "4.40.2",
+    "4.57.6",
+    "5.24.0",
+]  # oldest, StaticCache cache_position era, last 4.x, newest
+# transformers 4.20-4.25 pin tokenizers<0.13, which has no wheel for Python 3.11: install without it
+NO_TOKENIZERS = ("4.20.", "4.21.", "4.22.", "4.23.", "4.24.", "4.25.")
+NO_TOKENIZERS_DEPS = [
+    "huggingface_hub<1.0",
+    "regex",
+    "requests",
+    "pyyaml",
+    "tqdm",
+    "filelock",
+    "packaging",
+    "numpy",
+]
+
+nox.options.sessions = ["matrix"]
+nox.options.error_on_missing_interpreters = True
+
+
+def _run_release(session: nox.Session, release: str, strict: bool) -> None:
+    session.install("torch==2.13.0")  # the CPU build; never an unpinned torch
+    if release.startswith(NO_TOKENIZERS):
+        session.install("--no-deps", f"transformers=={release}")
+        session.install(*NO_TOKENIZERS_DEPS)
+    else:
+        session.install(f"transformers=={release}")
+    session.install("wrapt", "packaging", "pytest", "hypothesis")
+    session.install("--no-deps", "--force-reinstall", str(ROOT))
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    select = []
+    if not strict:  # the full matrix: fewer hypothesis examples, no inductor, one thread (run two at once)
+        session.env.update(HFPATCH_HYPOTHESIS_PROFILE="matrix", OMP_NUM_THREADS="1")
+        select = ["-m", "not inductor"]
+    session.chdir(ROOT)
+    session.run(
+        "python", "-m", "pytest", "-q", "-p", "no:cacheprovider",
+        f"--junitxml={RESULTS / (release + '.xml')}", *select, *session.posargs,
+        success_codes=[0] if strict else [0, 1],  # matrix: a failing test is a result for the report
+    )  # fmt: skip
+    session.run("python", "compat/count_cases.py", str(RESULTS / f"{release}.cases.json"))
+
+
+@nox.session(reuse_venv=True)
+@nox.parametrize("transformers", RELEASES)
+def matrix(session: nox.Session, transformers: str) -> None:
+    """Test suite + case count on one transformers release."""
+    _run_release(session, transformers, strict=False)
+
+
+@nox.session(reuse_venv=False)
+@nox.parametrize("transformers", CI_RELEASES)
+def ci(session: nox.Session, transformers: str) -> None:
+    """The CI subset: fresh virtualenvs, fails on any failing test."""
+    _run_release(session, transformers, strict=True)
