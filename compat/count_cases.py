@@ -17,6 +17,7 @@ import torch
 
 import hfpatch
 from hfpatch import doctor, engine
+from hfpatch.gates import release_has
 
 TOLERANCE = 1e-5
 
@@ -56,9 +57,12 @@ def main() -> None:
     status = hfpatch.apply()
     result = {}
     for entry in status.adapters:
-        if entry.state == engine.SKIPPED:
-            continue
-        result[entry.arch] = count(entry.arch, args.cases)
+        present = release_has(engine._registry[entry.arch])
+        result[entry.arch] = {"present": present}
+        if present and entry.state != engine.SKIPPED:
+            result[entry.arch].update(count(entry.arch, args.cases))
+    for entry in hfpatch.status().adapters:  # after the models were built, so their modules are imported
+        result[entry.arch].update(state=entry.state, reason=entry.reason)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
     print(json.dumps(result))

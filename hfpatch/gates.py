@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 from dataclasses import dataclass
 from functools import cache
@@ -11,7 +12,7 @@ from typing import Callable, Optional
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-__all__ = ["Adapter", "Signature", "gate_reason", "installed_transformers", "read_signature"]
+__all__ = ["Adapter", "Signature", "gate_reason", "installed_transformers", "read_signature", "release_has"]
 
 CACHE_NAMES = ("cache", "past_key_values")  # 5.24 renamed past_key_values -> cache
 
@@ -70,6 +71,15 @@ def gate_reason(adapter: Adapter, version: Optional[Version]) -> Optional[str]:
     if SpecifierSet(adapter.versions).contains(version, prereleases=True):
         return None
     return f"transformers {version} is outside {adapter.versions} ({adapter.why})"
+
+
+def release_has(adapter: Adapter) -> bool:
+    """Whether the installed transformers ships ``adapter``'s module. Imports ``transformers`` (and the
+    model package's lazy ``__init__``), so the doctor and the tests use it, ``apply()`` never does."""
+    try:
+        return importlib.util.find_spec(adapter.module) is not None
+    except ImportError:  # a parent package is missing: transformers itself, or models.<arch>
+        return False
 
 
 def read_signature(adapter: Adapter, forward: Callable) -> Signature:

@@ -20,7 +20,7 @@ from packaging.version import Version
 
 import hfpatch
 from hfpatch import doctor, engine
-from hfpatch.gates import Signature, gate_reason, installed_transformers, read_signature
+from hfpatch.gates import Signature, gate_reason, installed_transformers, read_signature, release_has
 
 settings.register_profile(
     "default",
@@ -39,7 +39,11 @@ ARCHS = ("gpt2", "llama", "gemma")
 
 
 def arch_skip_reason(arch: str) -> str | None:
-    return gate_reason(engine._registry[arch], TF)
+    """Why ``arch`` cannot be tested here: absent from this release (a fact), or outside its range."""
+    adapter = engine._registry[arch]
+    if not release_has(adapter):
+        return f"{adapter.cls} is not in transformers {TF} (no {adapter.module})"
+    return gate_reason(adapter, TF)
 
 
 def static_cache_skip_reason(arch: str) -> str | None:
