@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional, Union
 
 import wrapt
 
-from .gates import Adapter, gate_reason, installed_transformers, read_signature
+from .gates import NEWEST_TESTED, UNTESTED_NEWER, Adapter, installed_transformers, read_signature, support
 
 __all__ = ["AdapterStatus", "Status", "apply", "patched", "register", "revert", "status"]
 
@@ -41,18 +41,21 @@ class _State:
 _lock = threading.RLock()
 _registry: dict[str, Adapter] = {}
 _states: dict[str, _State] = {}
-_warned_outside = False
+_warned: set[str] = set()  # warnings already given in this process
 
 
 @dataclass(frozen=True)
 class AdapterStatus:
-    """One adapter's state: ``applied``, ``waiting for import``, ``skipped`` or ``not applied``."""
+    """One adapter: its ``state`` (``applied``, ``waiting for import``, ``skipped``, ``not applied``),
+    why, and its ``support`` for the installed release (``tested``, ``untested newer``, ``known-bad``,
+    ``outside``)."""
 
     arch: str
     target: str
     versions: str
     state: str
     reason: str
+    support: str
 
 
 @dataclass(frozen=True)
@@ -69,11 +72,11 @@ class Status:
         raise KeyError(f"no adapter {arch!r}; known: {', '.join(a.arch for a in self.adapters)}")
 
     def __str__(self) -> str:
-        rows = [("arch", "state", "target", "reason")]
-        rows += [(a.arch, a.state, a.target, a.reason) for a in self.adapters]
-        widths = [max(len(row[i]) for row in rows) for i in range(3)]
+        rows = [("arch", "state", "support", "target", "reason")]
+        rows += [(a.arch, a.state, a.support, a.target, a.reason) for a in self.adapters]
+        widths = [max(len(row[i]) for row in rows) for i in range(4)]
         lines = [f"transformers {self.transformers or 'not installed'}"]
-        lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[3] for row in rows]
+        lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[4] for row in rows]
         lines.append("Patch before torch.compile, or call torch._dynamo.reset() after apply()/revert().")
         return "\n".join(line.rstrip() for line in lines)
 
@@ -96,18 +99,19 @@ def apply(archs: Union[str, Iterable[str], None] = None) -> Status:
     >>> hfpatch.apply()                # doctest: +SKIP
     >>> hfpatch.apply(["gpt2"])        # doctest: +SKIP
     """
-    global _warned_outside
     with _lock:
         names = _select(archs)
         version = installed_transformers()
-        outside = []
+        refused, untested = [], []
         for name in names:
             adapter, state = _registry[name], _states[name]
-            reason = gate_reason(adapter, version)
-            if reason is not None:
-                state.skip_reason = reason
-                outside.append(name)
+            verdict = support(adapter, version)
+            if not verdict.patchable:
+                state.skip_reason = verdict.reason
+                refused.append(verdict.reason)
                 continue
+            if verdict.level == UNTESTED_NEWER:
+                untested.append(name)
             state.wanted, state.skip_reason = True, None
             module = sys.modules.get(adapter.module)
             if module is not None:
@@ -115,15 +119,23 @@ def apply(archs: Union[str, Iterable[str], None] = None) -> Status:
             elif not state.hooked:
                 wrapt.register_post_import_hook(_hook(name), adapter.module)
                 state.hooked = True
-        if outside and len(outside) == len(names) and not _warned_outside:
-            _warned_outside = True
-            warnings.warn(
-                f"hfpatch patches nothing for transformers {version}: "
-                + "; ".join(_states[n].skip_reason or "" for n in outside),
-                RuntimeWarning,
-                stacklevel=2,
+        if refused and len(refused) == len(names):
+            _warn_once(
+                "nothing", f"hfpatch patches nothing for transformers {version}: " + "; ".join(refused)
+            )
+        if untested:
+            _warn_once(
+                "untested",
+                f"hfpatch is not tested with transformers {version} (newest tested: {NEWEST_TESTED}); "
+                f"patching {', '.join(untested)} because the signatures match. hfpatch.status() says more.",
             )
         return status()
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
 def revert() -> Status:
@@ -160,15 +172,16 @@ def status() -> Status:
         entries = []
         for name, adapter in _registry.items():
             state = _states[name]
+            verdict = support(adapter, version)
             if state.patch is not None:
-                entry = (APPLIED, f"{adapter.versions} admits transformers {version}")
+                entry = (APPLIED, verdict.reason)
             elif state.skip_reason is not None:
                 entry = (SKIPPED, state.skip_reason)
             elif state.wanted:
-                entry = (WAITING, f"patched when {adapter.module} is imported")
+                entry = (WAITING, f"patched when {adapter.module} is imported; {verdict.reason}")
             else:
                 entry = (NOT_APPLIED, "hfpatch.apply() has not been called (or revert() was)")
-            entries.append(AdapterStatus(name, adapter.target, adapter.versions, *entry))
+            entries.append(AdapterStatus(name, adapter.target, adapter.versions, *entry, verdict.level))
         return Status(str(version) if version else None, tuple(entries))
 
 

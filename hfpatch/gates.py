@@ -12,9 +12,24 @@ from typing import Callable, Optional
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-__all__ = ["Adapter", "Signature", "gate_reason", "installed_transformers", "read_signature", "release_has"]
+__all__ = [
+    "NEWEST_TESTED",
+    "Adapter",
+    "Signature",
+    "Support",
+    "installed_transformers",
+    "read_signature",
+    "release_has",
+    "support",
+]
 
 CACHE_NAMES = ("cache", "past_key_values")  # 5.24 renamed past_key_values -> cache
+NEWEST_TESTED = "5.24.0"  # the newest release in compat/REPORT.md
+
+TESTED = "tested"
+UNTESTED_NEWER = "untested newer"
+KNOWN_BAD = "known-bad"
+OUTSIDE = "outside"
 
 
 @dataclass(frozen=True)
@@ -25,7 +40,9 @@ class Adapter:
         arch: short name used by ``apply(archs=[...])``.
         module: the modeling module, imported by the user (never by hfpatch).
         cls: class in ``module`` whose own ``forward`` is replaced.
-        versions: transformers releases this adapter patches (PEP 440 specifier).
+        versions: the transformers releases this adapter is tested on (PEP 440 specifier), as in
+            compat/REPORT.md. Newer releases are patched too when the signature still matches,
+            with a warning (see :func:`support`); older ones never.
         why: one line: what the range rests on.
         required: parameters the target's signature must have (besides the cache argument).
         attached_cache: attribute path from the model to a static cache that lives outside the
@@ -39,6 +56,7 @@ class Adapter:
     why: str
     required: tuple[str, ...] = ("input_ids", "attention_mask", "position_ids", "inputs_embeds")
     attached_cache: Optional[str] = None
+    known_bad: tuple[tuple[str, str], ...] = ()  # (specifier, why and the workaround): never patched
 
     @property
     def target(self) -> str:
@@ -64,13 +82,38 @@ def installed_transformers() -> Optional[Version]:
         return None
 
 
-def gate_reason(adapter: Adapter, version: Optional[Version]) -> Optional[str]:
-    """Why ``adapter`` must not patch this release, or ``None`` when it may."""
+@dataclass(frozen=True)
+class Support:
+    """What hfpatch knows of an adapter on a release: ``tested``, ``untested newer`` (patched, with a
+    warning), ``known-bad`` or ``outside`` (both never patched), and why."""
+
+    level: str
+    reason: str
+
+    @property
+    def patchable(self) -> bool:
+        return self.level in (TESTED, UNTESTED_NEWER)
+
+
+def support(adapter: Adapter, version: Optional[Version]) -> Support:
+    """Whether ``adapter`` may patch this transformers release, and why."""
     if version is None:
-        return "transformers is not installed (or its version cannot be read)"
-    if SpecifierSet(adapter.versions).contains(version, prereleases=True):
-        return None
-    return f"transformers {version} is outside {adapter.versions} ({adapter.why})"
+        return Support(OUTSIDE, "transformers is not installed (or its version cannot be read)")
+    for spec, why in adapter.known_bad:
+        if SpecifierSet(spec).contains(version, prereleases=True):
+            return Support(
+                KNOWN_BAD, f"transformers {version} is known-bad for {adapter.arch} ({spec}): {why}"
+            )
+    tested = SpecifierSet(adapter.versions)
+    if tested.contains(version, prereleases=True):
+        return Support(TESTED, f"transformers {version} is tested ({adapter.versions})")
+    if version > Version(NEWEST_TESTED):
+        return Support(
+            UNTESTED_NEWER,
+            f"transformers {version} is newer than the newest tested release, {NEWEST_TESTED}: "
+            "patched because the signature matches",
+        )
+    return Support(OUTSIDE, f"transformers {version} is outside {adapter.versions} ({adapter.why})")
 
 
 def release_has(adapter: Adapter) -> bool:

@@ -20,7 +20,7 @@ from packaging.version import Version
 
 import hfpatch
 from hfpatch import doctor, engine
-from hfpatch.gates import Signature, gate_reason, installed_transformers, read_signature, release_has
+from hfpatch.gates import Signature, installed_transformers, read_signature, release_has, support
 
 settings.register_profile(
     "default",
@@ -43,7 +43,8 @@ def arch_skip_reason(arch: str) -> str | None:
     adapter = engine._registry[arch]
     if not release_has(adapter):
         return f"{adapter.cls} is not in transformers {TF} (no {adapter.module})"
-    return gate_reason(adapter, TF)
+    verdict = support(adapter, TF)
+    return None if verdict.patchable else verdict.reason
 
 
 def static_cache_skip_reason(arch: str) -> str | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import textwrap
@@ -150,7 +151,7 @@ def test_signature_mismatch_is_skipped_and_the_model_still_works(model, arch):
 def test_release_outside_every_gate_patches_nothing_and_warns_once(monkeypatch):
     hfpatch.revert()
     monkeypatch.setattr(engine, "installed_transformers", lambda: Version("4.10.0"))
-    monkeypatch.setattr(engine, "_warned_outside", False)
+    monkeypatch.setattr(engine, "_warned", set())
     with pytest.warns(RuntimeWarning, match="patches nothing for transformers 4.10.0"):
         status = hfpatch.apply()
     with warnings.catch_warnings():
@@ -158,6 +159,34 @@ def test_release_outside_every_gate_patches_nothing_and_warns_once(monkeypatch):
         hfpatch.apply()  # warns once only
     for entry in status.adapters:
         assert entry.state == "skipped" and "4.10.0 is outside" in entry.reason
+        assert entry.support == "outside"
+
+
+def test_untested_newer_release_is_patched_with_a_warning(model, arch, monkeypatch):
+    hfpatch.revert()
+    monkeypatch.setattr(engine, "installed_transformers", lambda: Version("9.1.0"))
+    monkeypatch.setattr(engine, "_warned", set())
+    with pytest.warns(RuntimeWarning, match="not tested with transformers 9.1.0"):
+        status = hfpatch.apply()
+    assert status[arch].state == "applied" and status[arch].support == "untested newer"
+    assert "newer than the newest tested" in status[arch].reason
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        hfpatch.apply()  # warns once only
+
+
+def test_known_bad_release_is_skipped_with_its_reason(model, arch, monkeypatch):
+    hfpatch.revert()
+    monkeypatch.setattr(engine, "_warned", set())
+    original = _owner(model).__dict__["forward"]
+    adapter = engine._registry[arch]
+    bad = dataclasses.replace(adapter, known_bad=((">=4.0", "an upstream bug; upgrade to X"),))
+    monkeypatch.setitem(engine._registry, arch, bad)
+    with pytest.warns(RuntimeWarning, match="known-bad"):
+        status = hfpatch.apply([arch])
+    assert status[arch].state == "skipped" and status[arch].support == "known-bad"
+    assert "an upstream bug; upgrade to X" in status[arch].reason
+    assert _owner(model).__dict__["forward"] is original
 
 
 def test_revert_leaves_a_later_patch_by_someone_else(model, arch):

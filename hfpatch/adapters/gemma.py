@@ -8,7 +8,7 @@ ADAPTER = register(
         arch="gemma",
         module="transformers.models.gemma.modeling_gemma",
         cls="GemmaModel",
-        versions=">=4.38,<5.25",
+        versions=">=4.38,<=5.24.0",
         why="GemmaModel first shipped in 4.38.0; tested through 5.24",
         attached_cache="layers.0.self_attn.past_key_value",  # 4.38-4.40 model._setup_cache(StaticCache, ...)
     )

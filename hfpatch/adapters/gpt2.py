@@ -9,7 +9,7 @@ ADAPTER = register(
         arch="gpt2",
         module="transformers.models.gpt2.modeling_gpt2",
         cls="GPT2Model",
-        versions=">=4.20,<5.25",
+        versions=">=4.20,<=5.24.0",
         why="tested from 4.20.1, the release of the original report, through 5.24",
     )
 )

@@ -9,7 +9,7 @@ ADAPTER = register(
         arch="llama",
         module="transformers.models.llama.modeling_llama",
         cls="LlamaModel",
-        versions=">=4.28,<5.25",
+        versions=">=4.28,<=5.24.0",
         why="LlamaModel first shipped in 4.28.0; tested through 5.24",
         attached_cache="layers.0.self_attn.past_key_value",  # 4.38-4.40 model._setup_cache(StaticCache, ...)
     )
