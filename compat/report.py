@@ -19,7 +19,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from packaging.version import Version  # noqa: E402
+
 from hfpatch import engine  # noqa: E402  (registers the adapters)
+from hfpatch.gates import KNOWN_BAD, support  # noqa: E402
 
 ARCHS = list(engine._registry)
 INVARIANTS = [  # (column, what it checks, (module, test-name prefix) pairs)
@@ -161,6 +164,11 @@ def render(summary: dict) -> str:
             continue
         row = [release]
         for arch in ARCHS:
+            verdict = support(engine._registry[arch], Version(release))
+            if verdict.level == KNOWN_BAD:
+                row += [f"known-bad<sup>{len(footnotes) + 1}</sup>"] * len(INVARIANTS)
+                footnotes.append(verdict.reason)
+                continue
             row += [show(entry["cells"].get(arch, {}).get(c)) for c, _, _ in INVARIANTS]
         general = entry["cells"].get("any", {})
         row.append("**FAIL**" if any(s == "fail" for s, _ in general.values()) else "pass")

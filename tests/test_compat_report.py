@@ -1,0 +1,67 @@
+"""The adapters' declared release ranges match the evidence: compat/summary.json, generated with
+compat/REPORT.md from a full run of the release matrix (bash compat/run_matrix.sh)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import ARCHS
+from packaging.version import Version
+
+from hfpatch import engine
+from hfpatch.gates import KNOWN_BAD, NEWEST_TESTED, TESTED, support
+
+COMPAT = Path(__file__).resolve().parent.parent / "compat"
+RELEASES = [
+    line.strip()
+    for line in (COMPAT / "releases.txt").read_text().splitlines()
+    if line.strip() and not line.startswith("#")
+]
+SUMMARY = json.loads((COMPAT / "summary.json").read_text())
+
+
+def test_report_covers_every_listed_release():
+    assert list(SUMMARY) == RELEASES
+    missing = [release for release, entry in SUMMARY.items() if not entry["ran"] or "cases" not in entry]
+    assert not missing, f"no results for {missing}: run bash compat/run_matrix.sh"
+
+
+def test_newest_tested_is_the_newest_release_in_the_matrix():
+    assert NEWEST_TESTED == max(RELEASES, key=Version)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_adapter_range_matches_the_report(arch):
+    adapter = engine._registry[arch]
+    for release, entry in SUMMARY.items():
+        verdict = support(adapter, Version(release))
+        present = entry["cases"][arch]["present"]
+        cells = entry["cells"].get(arch, {})
+        states = {column: cell[0] for column, cell in cells.items()}
+        if verdict.level == TESTED:
+            assert present, f"{arch} is declared tested on {release}, which does not ship it"
+            assert states.get("I1") == "pass", f"{arch} on {release}: padding invariant {states.get('I1')}"
+            assert "fail" not in states.values(), f"{arch} on {release}: {states}"
+            assert entry["cases"][arch]["hfpatch_wrong"] == 0
+        elif verdict.level == KNOWN_BAD:
+            assert present
+        else:
+            assert not present, (
+                f"{release} ships {arch}, but {adapter.versions} leaves it out: widen the range"
+            )
+            assert set(states.values()) <= {"n/a"}
+
+
+def test_no_unexplained_failure():
+    for release, entry in SUMMARY.items():
+        for arch, cells in entry["cells"].items():
+            for column, (state, _) in cells.items():
+                if state == "fail":
+                    adapter = engine._registry.get(arch)
+                    assert adapter and support(adapter, Version(release)).level == KNOWN_BAD, (
+                        release,
+                        arch,
+                        column,
+                    )
