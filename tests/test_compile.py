@@ -3,11 +3,25 @@ logits as eager; one inductor run. Compile is slow on CPU: keep these few and sm
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
-from conftest import random_rows
+from conftest import (
+    TF,
+    cache_kw,
+    make_dynamic_cache,
+    make_static_cache,
+    random_rows,
+    signature,
+    static_cache_skip_reason,
+    stock,
+)
+from packaging.version import Version
+from torch._dynamo.testing import CompileCounter
 
 from hfpatch import doctor
+from hfpatch.positions import new_token_positions
 
 pytestmark = pytest.mark.compile
 ATOL = 1e-5
@@ -52,3 +66,117 @@ def test_inductor_padded_batch(model, arch):
     for a, b in zip(eager, compiled):
         assert (a - b).abs().max().item() <= ATOL
     assert doctor.max_diff(model, rows, compiled) <= ATOL
+
+
+def _explain(model, **kwargs):
+    torch._dynamo.reset()
+    with torch.no_grad():
+        return torch._dynamo.explain(model)(**kwargs)
+
+
+def test_no_more_graph_breaks_than_stock(model):
+    a, b = random_rows([3, 5], seed=43)
+    kwargs = {
+        "input_ids": torch.tensor([[0, 0] + a, b]),
+        "attention_mask": torch.tensor([[0, 0, 1, 1, 1], [1] * 5]),
+    }
+    patched = _explain(model, **kwargs)
+    with stock():
+        original = _explain(model, **kwargs)
+    assert patched.graph_break_count <= original.graph_break_count
+    assert patched.graph_break_count == 0
+
+
+def _decode(model, arch, prompt, steps, cache_factory, explicit, compiled_forward, mask_width=None):
+    """Greedy decoding, one forward call per token, with a growing (or full-length) 2-D mask."""
+    has_cache_position = signature(model, arch).has_cache_position
+    batch, length = prompt["input_ids"].shape
+    cache, mask = cache_factory(), prompt["attention_mask"]
+    ids, tokens = prompt["input_ids"], []
+    for _ in range(steps + 1):
+        call_mask = (
+            mask
+            if mask_width is None
+            else torch.cat([mask, mask.new_zeros(batch, mask_width - mask.shape[1])], 1)
+        )
+        kwargs = {"input_ids": ids, "attention_mask": call_mask, "use_cache": True, cache_kw(model): cache}
+        if explicit:
+            kwargs["position_ids"] = new_token_positions(mask, ids.shape[1])
+            if has_cache_position:
+                kwargs["cache_position"] = torch.arange(mask.shape[1] - ids.shape[1], mask.shape[1])
+        with torch.no_grad():
+            out = compiled_forward(**kwargs)
+        returned = doctor.output_cache(out)
+        cache = returned if returned is not None else cache
+        ids = out.logits[:, -1].argmax(-1, keepdim=True)
+        tokens.append(ids)
+        mask = torch.cat([mask, torch.ones(batch, 1, dtype=mask.dtype)], dim=1)
+    return torch.cat(tokens, dim=1)
+
+
+def _prompt():
+    a, b = random_rows([4, 6], seed=44)
+    return {
+        "input_ids": torch.tensor([[0, 0] + a, b]),
+        "attention_mask": torch.tensor([[0, 0, 1, 1, 1, 1], [1] * 6]),
+    }
+
+
+@pytest.mark.parametrize("kind", ["dynamic", "static"])
+def test_decode_loop_compiles_no_more_graphs_than_stock(model, arch, kind):
+    """Prefill + 12 steps, mask given, no position_ids or cache_position: as few graphs as stock with
+    explicit inputs, and the same tokens as eager."""
+    steps = 12
+    if kind == "dynamic":
+        if TF < Version("4.36") or (arch == "gpt2" and TF < Version("4.52")):
+            factory, width = (lambda: None), None
+        else:
+            factory, width = (lambda: make_dynamic_cache(model)), None
+    else:
+        reason = static_cache_skip_reason(arch)
+        if reason:
+            pytest.skip(reason)
+        factory, width = (lambda: make_static_cache(model, 2, 32)), 32
+    prompt = _prompt()
+    eager = _decode(
+        model, arch, prompt, steps, factory, explicit=False, compiled_forward=model, mask_width=width
+    )
+    counts = {}
+    for name in ("hfpatch", "stock"):
+        torch._dynamo.reset()
+        counter = CompileCounter()
+        with stock() if name == "stock" else contextlib.nullcontext():
+            compiled = torch.compile(model, backend=counter, fullgraph=True)
+            got = _decode(
+                model,
+                arch,
+                prompt,
+                steps,
+                factory,
+                explicit=name == "stock",
+                compiled_forward=compiled,
+                mask_width=width,
+            )
+        counts[name] = counter.frame_count
+        assert torch.equal(got, eager), name
+    assert counts["hfpatch"] <= counts["stock"], counts
+
+
+def test_dynamic_shapes_prompt_length_adds_no_recompiles(model):
+    counts = {}
+    for name in ("hfpatch", "stock"):
+        torch._dynamo.reset()
+        counter = CompileCounter()
+        with stock() if name == "stock" else contextlib.nullcontext():
+            compiled = torch.compile(model, backend=counter, fullgraph=True, dynamic=True)
+            for length in (5, 7, 9, 12):
+                ids = torch.tensor(random_rows([length, length], seed=length))
+                mask = torch.ones(2, length, dtype=torch.long)
+                mask[0, :2] = 0
+                kwargs = {"input_ids": ids, "attention_mask": mask}
+                if name == "stock":
+                    kwargs["position_ids"] = new_token_positions(mask, length)
+                with torch.no_grad():
+                    compiled(**kwargs)
+        counts[name] = counter.frame_count
+    assert counts["hfpatch"] <= counts["stock"], counts
