@@ -62,7 +62,7 @@ def _two_calls(model, extra1, extra2, mask=True):
 
 def test_explicit_position_ids(model):
     first = {"position_ids": torch.tensor([[0, 1, 2, 2], [0, 1, 2, 3]])}
-    # deliberately odd (yet below the cache length: Llama < 4.35 cannot look up larger positions): used as given
+    # deliberately odd, used as given (below the cache length: Llama < 4.35 cannot look up larger ones)
     second = {"position_ids": torch.tensor([[5, 1], [0, 3]])}
     assert same_as_stock(lambda: _two_calls(model, first, second)) == "ok"
 
