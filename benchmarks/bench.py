@@ -22,6 +22,7 @@ from typing import Any, Callable
 import torch
 
 import hfpatch
+from hfpatch import doctor
 from hfpatch.positions import positions_from_mask
 
 REPEATS = 41
@@ -107,13 +108,14 @@ def compiled_decode_step(batch: int, prompt: int, steps: int) -> list[str]:
     pass_cache_position = "cache_position" in params
 
     def runner(patched: bool) -> Callable[[], Any]:
-        cache = _static_cache(model, batch, capacity)
+        cache = doctor.static_cache(model, batch, capacity)
         full = torch.zeros(batch, capacity, dtype=torch.long)
         full[:, :prompt] = mask
         state = {"filled": prompt, "next": None}
+        cache_arg = {doctor.cache_kwarg(model): cache}
+        explicit = _explicit(full, prompt, 0, prompt, pass_cache_position, not patched)
         with torch.no_grad():  # prefill, eager
-            out = model(input_ids=ids, attention_mask=full, use_cache=True, **{_cache_kw(model): cache},
-                        **_explicit(full, prompt, 0, prompt, pass_cache_position, not patched))  # fmt: skip
+            out = model(input_ids=ids, attention_mask=full, use_cache=True, **cache_arg, **explicit)
         state["next"] = out.logits[:, -1:].argmax(-1)
         compiled = torch.compile(model, fullgraph=True)
 
@@ -122,8 +124,9 @@ def compiled_decode_step(batch: int, prompt: int, steps: int) -> list[str]:
             full[:, filled] = 1
             explicit = _explicit(full, filled + 1, filled, 1, pass_cache_position, not patched)
             with torch.no_grad():
-                out = compiled(input_ids=state["next"], attention_mask=full, use_cache=True,
-                               **{_cache_kw(model): cache}, **explicit)  # fmt: skip
+                out = compiled(
+                    input_ids=state["next"], attention_mask=full, use_cache=True, **cache_arg, **explicit
+                )
             state["next"] = out.logits[:, -1:].argmax(-1)
             state["filled"] = filled + 1
             return out
@@ -158,26 +161,6 @@ def _explicit(full: torch.Tensor, upto: int, start: int, n: int, cache_position:
     if cache_position:
         kwargs["cache_position"] = torch.arange(start, start + n)
     return kwargs
-
-
-def _static_cache(model: Any, batch: int, length: int) -> Any:
-    import transformers
-
-    params = inspect.signature(transformers.StaticCache.__init__).parameters
-    kwargs: dict[str, Any] = {"config": model.config, "max_cache_len": length}
-    for name, value in (
-        ("max_batch_size", batch),
-        ("batch_size", batch),
-        ("device", "cpu"),
-        ("dtype", torch.float32),
-    ):
-        if name in params:
-            kwargs[name] = value
-    return transformers.StaticCache(**kwargs)
-
-
-def _cache_kw(model: Any) -> str:
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def import_cost() -> list[str]:
@@ -221,10 +204,12 @@ def scoring(prompt_len: int, completions: int, completion_len: int) -> list[str]
     def reuse() -> torch.Tensor:
         with torch.no_grad():
             out = model(input_ids=prompt, use_cache=True)
-            cache = out.get("cache") if out.get("cache") is not None else out.get("past_key_values")
+            cache = doctor.output_cache(out)
             cache.batch_repeat_interleave(completions)
             mask = torch.cat([ones, left.long()], dim=1)
-            return model(input_ids=left_tails, attention_mask=mask, **{_cache_kw(model): cache}).logits
+            return model(
+                input_ids=left_tails, attention_mask=mask, **{doctor.cache_kwarg(model): cache}
+            ).logits
 
     def scratch() -> torch.Tensor:
         with torch.no_grad():

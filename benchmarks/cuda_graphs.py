@@ -10,7 +10,6 @@ per architecture and exits 1 on a mismatch.
 
 from __future__ import annotations
 
-import inspect
 import sys
 
 import torch
@@ -19,28 +18,12 @@ import hfpatch
 from hfpatch import doctor
 
 
-def static_cache(model, batch: int, length: int):
-    import transformers
-
-    params = inspect.signature(transformers.StaticCache.__init__).parameters
-    kwargs = {"config": model.config, "max_cache_len": length}
-    for name, value in (
-        ("max_batch_size", batch),
-        ("batch_size", batch),
-        ("device", "cuda"),
-        ("dtype", torch.float32),
-    ):
-        if name in params:
-            kwargs[name] = value
-    return transformers.StaticCache(**kwargs)
-
-
 def greedy(
     model, forward, prompt: torch.Tensor, mask: torch.Tensor, steps: int, capacity: int
 ) -> torch.Tensor:
     """Prefill eagerly, then ``steps`` single-token calls of ``forward`` with a full-length mask."""
     batch, length = prompt.shape
-    cache = static_cache(model, batch, capacity)
+    cache = doctor.static_cache(model, batch, capacity, device="cuda")
     full = torch.zeros(batch, capacity, dtype=torch.long, device="cuda")
     full[:, :length] = mask
     name = doctor.cache_kwarg(model)

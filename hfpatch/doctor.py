@@ -16,7 +16,18 @@ import torch
 
 from . import engine
 
-__all__ = ["SCENARIOS", "Scenario", "main", "max_diff", "run_alone", "run_batched", "tiny_model"]
+__all__ = [
+    "SCENARIOS",
+    "Scenario",
+    "cache_kwarg",
+    "main",
+    "max_diff",
+    "output_cache",
+    "run_alone",
+    "run_batched",
+    "static_cache",
+    "tiny_model",
+]
 
 TOLERANCE = 1e-5
 PAD = 0  # pad id; Llama/Gemma's embedding row for it is zero (padding_idx), as in real checkpoints
@@ -55,6 +66,26 @@ def cache_kwarg(model: Any) -> str:
     import inspect
 
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def static_cache(model: Any, batch: int, length: int, device: str = "cpu") -> Any:
+    """A ``StaticCache`` of ``length`` slots for ``model``; its constructor's keywords changed across
+    releases (``max_batch_size`` then ``batch_size``, ``device`` and ``dtype`` later inferred)."""
+    import inspect
+
+    import transformers
+
+    params = inspect.signature(transformers.StaticCache.__init__).parameters
+    kwargs: dict[str, Any] = {"config": model.config, "max_cache_len": length}
+    for name, value in (
+        ("max_batch_size", batch),
+        ("batch_size", batch),
+        ("device", device),
+        ("dtype", torch.float32),
+    ):
+        if name in params:
+            kwargs[name] = value
+    return transformers.StaticCache(**kwargs)
 
 
 def output_cache(output: Any) -> Any:

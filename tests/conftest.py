@@ -60,20 +60,7 @@ def static_cache_skip_reason(arch: str) -> str | None:
 
 
 def make_static_cache(model: Any, batch: int, length: int) -> Any:
-    """A StaticCache for ``model``; the constructor's keywords changed across releases."""
-    import transformers
-
-    params = inspect.signature(transformers.StaticCache.__init__).parameters
-    kwargs: dict[str, Any] = {"config": model.config, "max_cache_len": length}
-    for name, value in (
-        ("max_batch_size", batch),
-        ("batch_size", batch),
-        ("device", "cpu"),
-        ("dtype", torch.float32),
-    ):
-        if name in params:
-            kwargs[name] = value
-    return transformers.StaticCache(**kwargs)
+    return doctor.static_cache(model, batch, length)
 
 
 def make_dynamic_cache(model: Any) -> Any:
