@@ -177,7 +177,8 @@ def render(summary: dict) -> str:
     lines += [
         "40 fixed random cases per architecture (1-3 rows, 1-3 KV-cached calls, 0-4 new tokens per row and",
         "call, left or right padding per row and call); wrong = some real token's logits off by more than",
-        "1e-5 from the row run alone, unpadded.",
+        '1e-5 from the row run alone, unpadded, or the call crashed ("crashed": transformers raised, on',
+        "stock and with hfpatch alike).",
         "",
         "| release | " + " | ".join(f"{arch} stock | {arch} hfpatch" for arch in ARCHS) + " |",
         "|---|" + "---|---|" * len(ARCHS),
@@ -197,6 +198,12 @@ def render(summary: dict) -> str:
     lines += ["", "## Why a cell is n/a", ""]
     lines += [f"{i + 1}. {reason}" for i, reason in enumerate(footnotes)]
     return "\n".join(lines) + "\n"
+
+
+def _wrong(count: dict, name: str) -> str:
+    errors = count.get(f"{name}_errors", 0)
+    crashed = f" ({errors} crashed)" if errors else ""
+    return f"{count[f'{name}_wrong']}/{count['cases']}{crashed}"
 
 
 def main() -> None:
