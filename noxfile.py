@@ -64,7 +64,8 @@ def _run_release(session: nox.Session, release: str, strict: bool) -> None:
         f"--junitxml={RESULTS / (release + '.xml')}", *select, *session.posargs,
         success_codes=[0] if strict else [0, 1],  # matrix: a failing test is a result for the report
     )  # fmt: skip
-    session.run("python", "compat/count_cases.py", str(RESULTS / f"{release}.cases.json"))
+    if not strict:  # the report's stock-vs-hfpatch counts; CI only needs the tests
+        session.run("python", "compat/count_cases.py", str(RESULTS / f"{release}.cases.json"))
 
 
 @nox.session(reuse_venv=True)
