@@ -73,7 +73,10 @@ def _complete(model: Any, adapter: Adapter, sig: Signature, kwargs: dict) -> Non
     swallowed = cache_position is not None and not sig.has_cache_position and sig.has_var_kw
     if swallowed:
         del kwargs["cache_position"]
-    derive_positions = kwargs.get("position_ids") is None and mask is not None and mask.dim() != 4
+    # a 4-D mask, or a non-tensor one (a flex-attention BlockMask), is the caller's own: untouched
+    derive_positions = (
+        kwargs.get("position_ids") is None and isinstance(mask, torch.Tensor) and mask.dim() != 4
+    )
     may_derive_slots = sig.has_cache_position and cache_position is None
     if not (derive_positions or may_derive_slots or swallowed):
         return
@@ -97,7 +100,7 @@ def _complete(model: Any, adapter: Adapter, sig: Signature, kwargs: dict) -> Non
     batch, num_new = tokens.shape[0], tokens.shape[1]
     if derive_positions:
         _check_mask(mask, batch)
-    mask_len = mask.shape[1] if mask is not None and mask.dim() == 2 else None
+    mask_len = mask.shape[1] if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
 
     if cache_position is not None and not swallowed:
         slots: Union[int, torch.Tensor] = cache_position  # the caller's, forwarded unchanged
@@ -132,6 +135,7 @@ def _take_cache(sig: Signature, kwargs: dict) -> Any:
 
 
 def _attached_cache(model: Any, adapter: Adapter) -> Any:
+    """The static cache at ``adapter.attached_cache`` on the model (4.38-4.40 ``_setup_cache``), if any."""
     if adapter.attached_cache is None:
         return None
     obj = model
