@@ -35,8 +35,9 @@ VOCAB = 97
 INIT = 0.1  # larger than the usual 0.02, so that a wrong position shows as a clearly wrong logit
 
 
-def tiny_model(arch: str, seed: int = 0) -> Any:
-    """A 2-layer, hidden-32 random-weight LM of ``arch`` ("gpt2", "llama", "gemma"), fp32, eval mode."""
+def tiny_model(arch: str, seed: int = 0, attention: Optional[str] = None) -> Any:
+    """A 2-layer, hidden-32 random-weight LM of ``arch`` ("gpt2", "llama", "gemma"), fp32, eval mode;
+    ``attention``: "eager" or "sdpa" where the release chooses (default: the release's own default)."""
     import transformers
 
     torch.manual_seed(seed)
@@ -58,6 +59,12 @@ def tiny_model(arch: str, seed: int = 0) -> Any:
             model = transformers.GemmaForCausalLM(transformers.GemmaConfig(head_dim=8, **common))
     else:
         raise ValueError(f"arch: expected 'gpt2', 'llama' or 'gemma', got {arch!r}")
+    if attention is not None:  # rebuild with the same weights: the attention class is chosen at init
+        config = model.config
+        config._attn_implementation = attention
+        rebuilt = type(model)(config)
+        rebuilt.load_state_dict(model.state_dict())
+        model = rebuilt
     return model.float().eval()
 
 

@@ -58,6 +58,8 @@ class Adapter:
     required: tuple[str, ...] = ("input_ids", "attention_mask", "position_ids", "inputs_embeds")
     attached_cache: Optional[str] = None
     known_bad: tuple[tuple[str, str], ...] = ()  # (specifier, why and the workaround): never patched
+    # (specifier, the upstream bug and its workaround): still patched, since positions are still fixed
+    upstream_bugs: tuple[tuple[str, str], ...] = ()
 
     @property
     def target(self) -> str:
@@ -125,7 +127,9 @@ def support(adapter: Adapter, version: Optional[Version]) -> Support:
                 KNOWN_BAD, f"transformers {version} is known-bad for {adapter.arch} ({spec}): {why}"
             )
     if in_range(adapter.versions, version):
-        return Support(TESTED, f"transformers {version} is tested ({adapter.versions})")
+        bugs = [why for spec, why in adapter.upstream_bugs if in_range(spec, version)]
+        upstream = "".join(f"; upstream bug, not fixed by hfpatch: {why}" for why in bugs)
+        return Support(TESTED, f"transformers {version} is tested ({adapter.versions}){upstream}")
     if version > Version(NEWEST_TESTED):
         return Support(
             UNTESTED_NEWER,

@@ -89,7 +89,10 @@ def _explain(model, **kwargs):
         return torch._dynamo.explain(model)(**kwargs)
 
 
-def test_no_more_graph_breaks_than_stock(model):
+def test_no_graph_break_of_its_own(model):
+    """Where stock compiles without a break, so does hfpatch; where stock transformers breaks the graph
+    itself (Llama 4.34-4.37 mask code), every break hfpatch shows is at one of stock's own places
+    (dynamo may count one of them once more, as it resumes one more frame)."""
     a, b = random_rows([3, 5], seed=43)
     kwargs = {
         "input_ids": torch.tensor([[0, 0] + a, b]),
@@ -98,7 +101,16 @@ def test_no_more_graph_breaks_than_stock(model):
     patched = _explain(model, **kwargs)
     with stock():
         original = _explain(model, **kwargs)
-    assert patched.graph_break_count <= original.graph_break_count  # 0 and 0 on current releases
+    if original.graph_break_count == 0:
+        assert patched.graph_break_count == 0
+    assert _break_places(patched) <= _break_places(original)
+    assert not any("hfpatch" in place[0] for place in _break_places(patched))
+
+
+def _break_places(explained):
+    return {
+        (r.user_stack[-1].filename, r.user_stack[-1].lineno) for r in explained.break_reasons if r.user_stack
+    }
 
 
 def _decode(model, arch, prompt, steps, cache_factory, explicit, compiled_forward, mask_width=None):

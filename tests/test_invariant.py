@@ -5,34 +5,26 @@ the logits at every real token equal the row run alone, unpadded, in one call (f
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
-from conftest import TF, make_static_cache, random_rows, static_cache_skip_reason, stock
+from conftest import TF, make_static_cache, random_rows, static_cache_skip_reason, stock, upstream_bug
 from hypothesis import given
 from hypothesis import strategies as st
-from packaging.version import Version
 
 from hfpatch import doctor
+from hfpatch.positions import new_token_positions
 
 ATOL = 1e-5
 STATIC_LEN = 16  # 3 calls x 4 tokens at most, plus room
 
 
-def empty_first_call_crashes(arch):
-    """transformers 4.36-4.37 Llama (SDPA) crash in `_unmask_unattended` (IndexError) when a row has
-    no real token in the first call: stock and patched alike (test_empty_first_call_is_an_upstream_crash)."""
-    return arch == "llama" and Version("4.36") <= TF < Version("4.38")
-
-
 @st.composite
-def padded_batches(draw, empty_first_call=True):
+def padded_batches(draw):
     batch = draw(st.integers(1, 3))
     calls = draw(st.integers(1, 3))
     chunks = [[draw(st.integers(0, 4)) for _ in range(batch)] for _ in range(calls)]
     for r in range(batch):  # every row has at least one real token
-        if sum(c[r] for c in chunks) == 0 or not (empty_first_call or chunks[0][r]):
+        if sum(c[r] for c in chunks) == 0:
             chunks[0][r] = draw(st.integers(1, 4))
     left = [[draw(st.booleans()) for _ in range(batch)] for _ in range(calls)]
     seed = draw(st.integers(0, 2**16))
@@ -46,43 +38,24 @@ def _check(model, case, **kwargs):
     assert doctor.max_diff(model, rows, got) <= ATOL, (chunks, left)
 
 
-def _draw(data, arch):
-    return data.draw(padded_batches(empty_first_call=not empty_first_call_crashes(arch)))
+@given(case=padded_batches())
+def test_default_cache(model, case):
+    _check(model, case)
 
 
-@given(data=st.data())
-def test_default_cache(model, arch, data):
-    _check(model, _draw(data, arch))
-
-
-def test_empty_first_call_is_an_upstream_crash(model, arch):
-    """Where transformers itself crashes on a row with no real token in the first call, hfpatch
-    raises the very same error (it is not ours to fix: it is in transformers' SDPA mask code)."""
-    if not empty_first_call_crashes(arch):
-        pytest.skip(f"{arch} on transformers {TF} runs such batches (covered by test_default_cache)")
-    rows = random_rows([1, 3], seed=0)
-    errors = []
-    for context in (stock(), contextlib.nullcontext()):
-        with context, pytest.raises(IndexError) as info:
-            doctor.run_batched(model, rows, [[0, 1], [1, 2]], [[False, False], [False, False]])
-        errors.append(str(info.value))
-    assert errors[0] == errors[1]
-
-
-@given(data=st.data(), full_length_mask=st.booleans())
-def test_static_cache(model, arch, data, full_length_mask):
+@given(case=padded_batches(), full_length_mask=st.booleans())
+def test_static_cache(model, arch, case, full_length_mask):
     reason = static_cache_skip_reason(arch)
     if reason:
         pytest.skip(reason)
-    case = _draw(data, arch)
     cache = make_static_cache(model, len(case[0][0]), STATIC_LEN)
     _check(model, case, cache=cache, mask_width=STATIC_LEN if full_length_mask else None)
 
 
-@given(data=st.data())
-def test_inputs_embeds(model, arch, data):
+@given(case=padded_batches())
+def test_inputs_embeds(model, case):
     """The same invariant when the batch comes as ``inputs_embeds``."""
-    chunks, left, seed = _draw(data, arch)
+    chunks, left, seed = case
     rows = random_rows([sum(c[r] for c in chunks) for r in range(len(chunks[0]))], seed=seed)
     embed = model.get_input_embeddings()
     got = doctor.run_batched(_EmbedsOnly(model, embed), rows, chunks, left)
@@ -98,3 +71,36 @@ class _EmbedsOnly:
     def __call__(self, input_ids, **kwargs):
         with torch.no_grad():
             return self.model(inputs_embeds=self.embed(input_ids), **kwargs)
+
+
+def test_upstream_bug(arch):
+    """Where the adapter declares an upstream bug (Llama 4.36-4.37: SDPA masks), hfpatch gives exactly
+    what stock gives with positions passed by hand, and the declared workaround (eager attention)
+    is exact: the bug is transformers', and hfpatch still fixes the positions."""
+    why = upstream_bug(arch)
+    if not why:
+        pytest.skip(f"the {arch} adapter declares no upstream bug for transformers {TF}")
+    sdpa = doctor.tiny_model(arch, attention="sdpa")
+    rows, chunks, left = (
+        random_rows([4, 4], seed=0),
+        [[2, 1], [1, 1], [1, 2]],
+        [[False, True], [False] * 2, [False] * 2],
+    )
+    patched = doctor.run_batched(sdpa, rows, chunks, left)
+    with stock():
+        by_hand = doctor.run_batched(_PositionsByHand(sdpa), rows, chunks, left)
+    assert all(torch.equal(a, b) for a, b in zip(patched, by_hand))
+    assert doctor.max_diff(sdpa, rows, patched) > 1e-3, (
+        "the upstream bug no longer shows: update the declaration"
+    )
+    eager = doctor.tiny_model(arch, attention="eager")
+    assert doctor.max_diff(eager, rows, doctor.run_batched(eager, rows, chunks, left)) <= ATOL
+
+
+class _PositionsByHand:
+    def __init__(self, model):
+        self.model, self.forward = model, model.forward
+
+    def __call__(self, **kwargs):
+        kwargs["position_ids"] = new_token_positions(kwargs["attention_mask"], kwargs["input_ids"].shape[1])
+        return self.model(**kwargs)
