@@ -92,7 +92,12 @@ def static_cache(model: Any, batch: int, length: int, device: str = "cpu") -> An
     ):
         if name in params:
             kwargs[name] = value
-    return transformers.StaticCache(**kwargs)
+    try:
+        return transformers.StaticCache(**kwargs)
+    except TypeError as exc:  # 4.54-4.55 take the layers' batch_size, device and dtype through **kwargs
+        if "batch_size" not in str(exc):
+            raise
+        return transformers.StaticCache(**kwargs, batch_size=batch, device=device, dtype=torch.float32)
 
 
 def output_cache(output: Any) -> Any:
