@@ -141,7 +141,7 @@ def support(adapter: Adapter, version: Optional[Version]) -> Support:
 
 def release_has(adapter: Adapter) -> bool:
     """Whether the installed transformers ships ``adapter``'s module. Imports ``transformers`` (and the
-    model package's lazy ``__init__``), so the doctor and the tests use it, ``apply()`` never does."""
+    model package's lazy ``__init__``), so the tests and compat/ use it, ``apply()`` never does."""
     try:
         return importlib.util.find_spec(adapter.module) is not None
     except ImportError:  # a parent package is missing: transformers itself, or models.<arch>
