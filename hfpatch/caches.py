@@ -63,7 +63,11 @@ def exact_fill_level(cache: Any) -> Optional[Union[int, torch.Tensor]]:
 
 def one_buffer_for_all_layers(cache: Any) -> bool:
     """A 4.38-4.40 ``StaticCache``: a single key tensor, meant to be attached to one layer by
-    ``model._setup_cache``. Passed as the model's cache argument, every layer writes the same buffer."""
+    ``model._setup_cache``. Passed as the model's cache argument, every layer writes the same buffer.
+    (4.54-4.55 caches have ``layers`` and a deprecated ``key_cache`` property that logs, which dynamo
+    cannot trace: it is not touched there.)"""
+    if getattr(cache, "layers", None) is not None:
+        return False
     return isinstance(getattr(cache, "key_cache", None), torch.Tensor)
 
 

@@ -44,7 +44,7 @@ def stock_first(run):
     with stock():
         try:
             return run()
-        except torch._dynamo.exc.TorchDynamoException as exc:
+        except (torch._dynamo.exc.TorchDynamoException, torch._dynamo.exc.FailOnRecompileLimitHit) as exc:
             first_line = str(exc).strip().splitlines()[0][:200]
             pytest.skip(
                 f"stock transformers {TF} does not compile this with fullgraph=True either: {first_line}"
@@ -151,7 +151,9 @@ def _prompt():
 @pytest.mark.parametrize("kind", ["dynamic", "static"])
 def test_decode_loop_compiles_no_more_graphs_than_stock(model, arch, kind):
     """Prefill + 12 steps, mask given, no position_ids or cache_position: as few graphs as stock with
-    explicit inputs, and the same tokens as eager."""
+    explicit inputs, and the same tokens as eager. Some releases recompile at every step on stock too
+    (4.42-4.48: the growing cache is an nn.Module whose int ``_seen_tokens`` dynamo specializes), so
+    both runs may compile one graph per call: the counts are compared, not cut off at dynamo's limit."""
     steps = 12
     if kind == "dynamic":
         if TF < Version("4.36") or (arch == "gpt2" and TF < Version("4.52")):
@@ -185,8 +187,9 @@ def test_decode_loop_compiles_no_more_graphs_than_stock(model, arch, kind):
         counts[name] = counter.frame_count
         assert torch.equal(got, eager), name
 
-    stock_first(lambda: run("stock"))
-    run("hfpatch")
+    with torch._dynamo.config.patch(recompile_limit=steps + 2):
+        stock_first(lambda: run("stock"))
+        run("hfpatch")
     assert counts["hfpatch"] <= counts["stock"], counts
 
 
