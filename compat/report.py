@@ -22,7 +22,7 @@ sys.path.insert(0, str(HERE.parent))
 from packaging.version import Version  # noqa: E402
 
 from hfpatch import engine  # noqa: E402  (registers the adapters)
-from hfpatch.gates import KNOWN_BAD, support  # noqa: E402
+from hfpatch.gates import KNOWN_BAD, in_range, support  # noqa: E402
 
 ARCHS = list(engine._registry)
 INVARIANTS = [  # (column, what it checks, (module, test-name prefix) pairs)
@@ -120,10 +120,13 @@ def build() -> dict:
 def render(summary: dict) -> str:
     footnotes: list[str] = []
 
-    def note(reason: str) -> str:
+    def footnote(reason: str) -> int:
         if reason not in footnotes:
             footnotes.append(reason)
-        return f"n/a<sup>{footnotes.index(reason) + 1}</sup>"
+        return footnotes.index(reason) + 1
+
+    def note(reason: str) -> str:
+        return f"n/a<sup>{footnote(reason)}</sup>"
 
     def show(cell: list | None) -> str:
         if cell is None:
@@ -166,8 +169,7 @@ def render(summary: dict) -> str:
         for arch in ARCHS:
             verdict = support(engine._registry[arch], Version(release))
             if verdict.level == KNOWN_BAD:
-                row += [f"known-bad<sup>{len(footnotes) + 1}</sup>"] * len(INVARIANTS)
-                footnotes.append(verdict.reason)
+                row += [f"known-bad<sup>{footnote(verdict.reason)}</sup>"] * len(INVARIANTS)
                 continue
             row += [show(entry["cells"].get(arch, {}).get(c)) for c, _, _ in INVARIANTS]
         general = entry["cells"].get("any", {})
@@ -188,14 +190,14 @@ def render(summary: dict) -> str:
         for arch in ARCHS:
             count = entry.get("cases", {}).get(arch, {})
             if "cases" in count:
-                row += [
-                    f"{count['stock_wrong']}/{count['cases']}",
-                    f"{count['hfpatch_wrong']}/{count['cases']}",
-                ]
+                adapter = engine._registry[arch]
+                bugs = [why for spec, why in adapter.upstream_bugs if in_range(spec, Version(release))]
+                marks = "".join(f"<sup>{footnote(f'upstream bug ({arch}): {why}')}</sup>" for why in bugs)
+                row += [_wrong(count, "stock"), _wrong(count, "hfpatch") + marks]
             else:
                 row += ["n/a", "n/a"]
         lines.append("| " + " | ".join(row) + " |")
-    lines += ["", "## Why a cell is n/a", ""]
+    lines += ["", "## Notes: why a cell is n/a, known-bad or marked", ""]
     lines += [f"{i + 1}. {reason}" for i, reason in enumerate(footnotes)]
     return "\n".join(lines) + "\n"
 
