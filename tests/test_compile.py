@@ -152,7 +152,7 @@ def _prompt():
 def test_decode_loop_compiles_no_more_graphs_than_stock(model, arch, kind):
     """Prefill + 12 steps, mask given, no position_ids or cache_position: as few graphs as stock with
     explicit inputs, and the same tokens as eager. Some releases recompile at every step on stock too
-    (4.42-4.48: the growing cache is an nn.Module whose int ``_seen_tokens`` dynamo specializes), so
+    (4.48, for one: the growing cache is an nn.Module whose int ``_seen_tokens`` dynamo specializes), so
     both runs may compile one graph per call: the counts are compared, not cut off at dynamo's limit."""
     steps = 12
     if kind == "dynamic":
