@@ -36,10 +36,12 @@ def capacity(cache: Any) -> Optional[int]:
     """Fixed number of slots of a static cache; ``None`` for a cache that grows (or no cache)."""
     if cache is None or isinstance(cache, (tuple, list)):
         return None
-    size = getattr(cache, "max_cache_len", None)  # StaticCache 4.38-4.57
-    if size is None:
-        layers = getattr(cache, "layers", None) or ()  # 4.54+: per-layer objects
+    layers = getattr(cache, "layers", None)
+    if layers is not None:  # 4.54+: per-layer objects. (5.x deprecates the cache-level property, whose
+        # logged warning dynamo cannot trace: it is never read there.)
         size = getattr(layers[0], "max_cache_len", None) if len(layers) else None
+    else:
+        size = getattr(cache, "max_cache_len", None)  # StaticCache 4.38-4.53
     return size if isinstance(size, int) and size > 0 else None
 
 
