@@ -1,9 +1,6 @@
 """The adapters' declared release ranges match the evidence: compat/summary.json, generated with
-compat/REPORT.md from a full run of the release matrix (bash compat/run_matrix.sh).
-
-    python -m pytest compat/test_gates_match_report.py
-
-Not part of the main suite until the report covers every release (see compat/README.md)."""
+compat/REPORT.md from a full run of the release matrix (bash compat/run_matrix.sh). It checks the
+committed report, not the installed transformers, so the nox matrix sessions leave it out."""
 
 from __future__ import annotations
 
@@ -16,7 +13,7 @@ from packaging.version import Version
 from hfpatch import engine
 from hfpatch.gates import KNOWN_BAD, NEWEST_TESTED, TESTED, in_range, support
 
-COMPAT = Path(__file__).resolve().parent
+COMPAT = Path(__file__).resolve().parent.parent / "compat"
 ARCHS = tuple(engine._registry)
 RELEASES = [
     line.strip()
