@@ -22,7 +22,7 @@ sys.path.insert(0, str(HERE.parent))
 from packaging.version import Version  # noqa: E402
 
 from hfpatch import engine  # noqa: E402  (registers the adapters)
-from hfpatch.gates import KNOWN_BAD, in_range, support  # noqa: E402
+from hfpatch.gates import KNOWN_BAD, support, upstream_bugs_on  # noqa: E402
 
 ARCHS = list(engine._registry)
 INVARIANTS = [  # (column, what it checks, (module, test-name prefix) pairs)
@@ -190,8 +190,7 @@ def render(summary: dict) -> str:
         for arch in ARCHS:
             count = entry.get("cases", {}).get(arch, {})
             if "cases" in count:
-                adapter = engine._registry[arch]
-                bugs = [why for spec, why in adapter.upstream_bugs if in_range(spec, Version(release))]
+                bugs = upstream_bugs_on(engine._registry[arch], Version(release))
                 marks = "".join(f"<sup>{footnote(f'upstream bug ({arch}): {why}')}</sup>" for why in bugs)
                 row += [_wrong(count, "stock"), _wrong(count, "hfpatch") + marks]
             else:

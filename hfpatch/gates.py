@@ -127,8 +127,9 @@ def support(adapter: Adapter, version: Optional[Version]) -> Support:
                 KNOWN_BAD, f"transformers {version} is known-bad for {adapter.arch} ({spec}): {why}"
             )
     if in_range(adapter.versions, version):
-        bugs = [why for spec, why in adapter.upstream_bugs if in_range(spec, version)]
-        upstream = "".join(f"; upstream bug, not fixed by hfpatch: {why}" for why in bugs)
+        upstream = "".join(
+            f"; upstream bug, not fixed by hfpatch: {why}" for why in upstream_bugs_on(adapter, version)
+        )
         return Support(TESTED, f"transformers {version} is tested ({adapter.versions}){upstream}")
     if version > Version(NEWEST_TESTED):
         return Support(
@@ -137,6 +138,11 @@ def support(adapter: Adapter, version: Optional[Version]) -> Support:
             "patched because the signature matches",
         )
     return Support(OUTSIDE, f"transformers {version} is outside {adapter.versions} ({adapter.why})")
+
+
+def upstream_bugs_on(adapter: Adapter, version: Version) -> list[str]:
+    """The upstream bugs (with their workarounds) that ``adapter`` declares for this release."""
+    return [why for spec, why in adapter.upstream_bugs if in_range(spec, version)]
 
 
 def release_has(adapter: Adapter) -> bool:

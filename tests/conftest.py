@@ -20,7 +20,14 @@ from packaging.version import Version
 
 import hfpatch
 from hfpatch import doctor, engine
-from hfpatch.gates import Signature, in_range, installed_transformers, read_signature, release_has, support
+from hfpatch.gates import (
+    Signature,
+    installed_transformers,
+    read_signature,
+    release_has,
+    support,
+    upstream_bugs_on,
+)
 
 settings.register_profile(
     "default",
@@ -125,7 +132,7 @@ def arch(request: pytest.FixtureRequest) -> str:
 
 def upstream_bug(arch: str) -> str | None:
     """The upstream bug the adapter declares for this release, if any (its workaround is eager attention)."""
-    return next((why for spec, why in engine._registry[arch].upstream_bugs if in_range(spec, TF)), None)
+    return next(iter(upstream_bugs_on(engine._registry[arch], TF)), None)
 
 
 @pytest.fixture
