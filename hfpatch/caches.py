@@ -36,10 +36,9 @@ def capacity(cache: Any) -> Optional[int]:
     """Fixed number of slots of a static cache; ``None`` for a cache that grows (or no cache)."""
     if cache is None or isinstance(cache, (tuple, list)):
         return None
-    layers = getattr(cache, "layers", None)
-    if layers is not None:  # 4.54+: per-layer objects. (5.x deprecates the cache-level property, whose
-        # logged warning dynamo cannot trace: it is never read there.)
-        size = getattr(layers[0], "max_cache_len", None) if len(layers) else None
+    layers = _layers(cache)
+    if layers is not None:
+        size = _first_layer_attr(layers, "max_cache_len")
     else:
         size = getattr(cache, "max_cache_len", None)  # StaticCache 4.38-4.53
     return size if isinstance(size, int) and size > 0 else None
@@ -58,26 +57,33 @@ def fill_level(cache: Any) -> Union[int, torch.Tensor]:
 
 def exact_fill_level(cache: Any) -> Optional[Union[int, torch.Tensor]]:
     """The static cache's own counter (``cumulative_length``, 5.4+), or ``None`` where it keeps none."""
-    layers = getattr(cache, "layers", None) or ()
-    counter = getattr(layers[0], "cumulative_length", None) if len(layers) else None
+    layers = _layers(cache)
+    counter = _first_layer_attr(layers, "cumulative_length") if layers is not None else None
     return cache.get_seq_length() if isinstance(counter, torch.Tensor) else None
 
 
 def one_buffer_for_all_layers(cache: Any) -> bool:
     """A 4.38-4.40 ``StaticCache``: a single key tensor, meant to be attached to one layer by
-    ``model._setup_cache``. Passed as the model's cache argument, every layer writes the same buffer.
-    (4.54-4.55 caches have ``layers`` and a deprecated ``key_cache`` property that logs, which dynamo
-    cannot trace: it is not touched there.)"""
-    if getattr(cache, "layers", None) is not None:
-        return False
-    return isinstance(getattr(cache, "key_cache", None), torch.Tensor)
+    ``model._setup_cache``. Passed as the model's cache argument, every layer writes the same buffer."""
+    return _layers(cache) is None and isinstance(getattr(cache, "key_cache", None), torch.Tensor)
 
 
 def _first_layer_keys(cache: Any) -> Optional[torch.Tensor]:
-    layers = getattr(cache, "layers", None)
-    if layers is not None:  # 4.54+
-        return getattr(layers[0], "keys", None) if len(layers) else None
+    layers = _layers(cache)
+    if layers is not None:
+        return _first_layer_attr(layers, "keys")
     keys = getattr(cache, "key_cache", None)  # a tensor in 4.38-4.40, a list of tensors in 4.41-4.53
     if isinstance(keys, (list, tuple)):
         keys = keys[0] if len(keys) else None
     return keys if isinstance(keys, torch.Tensor) and keys.dim() == 4 else None
+
+
+def _layers(cache: Any) -> Any:
+    """A 4.54+ cache's per-layer objects, or ``None`` for an older cache. Where they exist, hfpatch
+    reads only them: those releases keep cache-level properties (``key_cache`` in 4.54-4.55,
+    ``max_cache_len`` in 5.13-5.19) that log a deprecation warning, which dynamo cannot trace."""
+    return getattr(cache, "layers", None)
+
+
+def _first_layer_attr(layers: Any, name: str) -> Any:
+    return getattr(layers[0], name, None) if len(layers) else None
