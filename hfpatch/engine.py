@@ -6,17 +6,12 @@ post-import hook when the user imports it. ``apply()`` itself imports no ``trans
 module. The class's own ``forward`` is replaced, so models built earlier are fixed too.
 """
 
-from __future__ import annotations
-
 import contextlib
 import sys
 import threading
 import warnings
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
-from typing import Any, Callable, Optional, Union
-
-import wrapt
+from typing import Any, Callable, NamedTuple, Optional, Union
 
 from .gates import NEWEST_TESTED, UNTESTED_NEWER, Adapter, installed_transformers, read_signature, support
 
@@ -28,14 +23,16 @@ SKIPPED = "skipped"
 NOT_APPLIED = "not applied"
 
 
-@dataclass
 class _State:
-    wanted: bool = False  # apply() asked for it and its gate matched
-    hooked: bool = False  # a post-import hook is registered for its module (wrapt keeps hooks forever)
-    owner: Any = None  # the class patched
-    original: Optional[Callable] = None
-    patch: Optional[Callable] = None
-    skip_reason: Optional[str] = None
+    __slots__ = ("wanted", "hooked", "owner", "original", "patch", "skip_reason")
+
+    def __init__(self) -> None:
+        self.wanted = False  # apply() asked for it and its gate matched
+        self.hooked = False  # a post-import hook is registered for its module (wrapt keeps hooks forever)
+        self.owner: Any = None  # the class patched
+        self.original: Optional[Callable] = None
+        self.patch: Optional[Callable] = None
+        self.skip_reason: Optional[str] = None
 
 
 _lock = threading.RLock()
@@ -44,8 +41,7 @@ _states: dict[str, _State] = {}
 _warned: set[str] = set()  # warnings already given in this process
 
 
-@dataclass(frozen=True)
-class AdapterStatus:
+class AdapterStatus(NamedTuple):
     """One adapter: its ``state`` (``applied``, ``waiting for import``, ``skipped``, ``not applied``),
     why, and its ``support`` for the installed release (``tested``, ``untested newer``, ``known-bad``,
     ``outside``)."""
@@ -58,12 +54,22 @@ class AdapterStatus:
     support: str
 
 
-@dataclass(frozen=True)
 class Status:
     """What ``hfpatch.status()`` returns: the installed transformers and every adapter's state."""
 
-    transformers: Optional[str]
-    adapters: tuple[AdapterStatus, ...]
+    __slots__ = ("transformers", "adapters")  # a plain class: a dataclass costs ~1 ms at import
+
+    def __init__(self, transformers: Optional[str], adapters: tuple[AdapterStatus, ...]) -> None:
+        self.transformers = transformers
+        self.adapters = adapters
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Status):
+            return NotImplemented
+        return (self.transformers, self.adapters) == (other.transformers, other.adapters)
+
+    def __repr__(self) -> str:
+        return f"Status(transformers={self.transformers!r}, adapters={self.adapters!r})"
 
     def __getitem__(self, arch: str) -> AdapterStatus:
         for entry in self.adapters:
@@ -117,6 +123,8 @@ def apply(archs: Union[str, Iterable[str], None] = None) -> Status:
             if module is not None:
                 _install(adapter, state, module)
             elif not state.hooked:
+                import wrapt  # about 8 ms, so only when a module must be waited for
+
                 wrapt.register_post_import_hook(_hook(name), adapter.module)
                 state.hooked = True
         if refused and len(refused) == len(names):

@@ -1,15 +1,12 @@
 """Adapter declarations and the checks that decide whether one may patch: release range, signature."""
 
-from __future__ import annotations
-
 import importlib.util
 import inspect
 import operator
 import sys
-from dataclasses import dataclass
 from functools import cache
 from importlib import metadata
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 from packaging.version import InvalidVersion, Version
 
@@ -33,8 +30,7 @@ KNOWN_BAD = "known-bad"
 OUTSIDE = "outside"
 
 
-@dataclass(frozen=True)
-class Adapter:
+class Adapter(NamedTuple):
     """What one architecture needs: the class whose ``forward`` is patched, and where that is safe.
 
     Attributes:
@@ -66,8 +62,7 @@ class Adapter:
         return f"{self.module}:{self.cls}.forward"
 
 
-@dataclass(frozen=True)
-class Signature:
+class Signature(NamedTuple):
     """Facts about a target's signature, read once at install time."""
 
     positional: tuple[str, ...]  # parameters after ``self`` that may be passed by position, in order
@@ -104,8 +99,7 @@ def in_range(spec: str, version: Version) -> bool:
     return True
 
 
-@dataclass(frozen=True)
-class Support:
+class Support(NamedTuple):
     """What hfpatch knows of an adapter on a release: ``tested``, ``untested newer`` (patched, with a
     warning), ``known-bad`` or ``outside`` (both never patched), and why."""
 
