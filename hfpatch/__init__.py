@@ -9,15 +9,29 @@ import importlib
 from typing import Any
 
 from . import adapters as _adapters  # noqa: F401  (registers the adapters)
-from .engine import AdapterStatus, Status, apply, patched, revert, status
+from .engine import AdapterStatus, Status, apply, patched, registry, revert, status, unpatched
 
 __version__ = "0.1.0"
 
-__all__ = ["AdapterStatus", "Status", "__version__", "apply", "patched", "positions", "revert", "status"]
+__all__ = [
+    "AdapterStatus",
+    "Status",
+    "__version__",
+    "apply",
+    "patched",
+    "positions",
+    "registry",
+    "revert",
+    "status",
+    "unpatched",
+    "verify",
+]
 
 
 def __getattr__(name: str) -> Any:
-    # hfpatch.positions imports torch; keep `import hfpatch` light until it is used
+    # hfpatch.positions and hfpatch.probe import torch; keep `import hfpatch` light until they are used
     if name == "positions":
         return importlib.import_module("hfpatch.positions")
+    if name == "verify":
+        return importlib.import_module("hfpatch.probe").verify
     raise AttributeError(f"module 'hfpatch' has no attribute {name!r}")

@@ -37,8 +37,8 @@ def capacity(cache: Any) -> Optional[int]:
     if cache is None or isinstance(cache, (tuple, list)):
         return None
     layers = _layers(cache)
-    if layers is not None:
-        size = _first_layer_attr(layers, "max_cache_len")
+    if layers is not None:  # sliding-window layers hold fewer slots: the cache's length is the longest
+        size = max((getattr(layer, "max_cache_len", None) or 0 for layer in layers), default=None)
     else:
         size = getattr(cache, "max_cache_len", None)  # StaticCache 4.38-4.53
     return size if isinstance(size, int) and size > 0 else None

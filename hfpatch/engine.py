@@ -1,50 +1,87 @@
 """The patching engine: one registry, one lock, and the same install / revert / report for every adapter.
 
-An adapter is patched when ``apply()`` has asked for it, its release range admits the installed
-transformers, and its module has been imported: at once if it already was, otherwise from a wrapt
-post-import hook when the user imports it. ``apply()`` itself imports no ``transformers.models``
-module. The class's own ``forward`` is replaced, so models built earlier are fixed too.
+An adapter is patched when something wants it (``apply()``, or a ``patched()`` block still open), its
+release range admits the installed transformers, and its module has been imported: at once if it
+already was, otherwise from a wrapt post-import hook when the user imports it. ``apply()`` itself
+imports no ``transformers.models`` module. The class's own ``forward`` is replaced, so models built
+earlier are fixed too.
+
+Who wants an adapter: ``apply()`` pins it (until ``revert()``); each open ``patched()`` block holds
+it with a token of its own. A block's exit removes only its token, and the patch goes when nothing
+pins or holds it any more. ``revert()`` clears both, whoever set them.
 """
 
 import contextlib
 import sys
 import threading
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
+from types import MappingProxyType
 from typing import Any, Callable, NamedTuple, Optional, Union
 
-from .gates import NEWEST_TESTED, UNTESTED_NEWER, Adapter, installed_transformers, read_signature, support
+from .gates import (
+    NEWEST_TESTED,
+    UNTESTED_NEWER,
+    Adapter,
+    Undeclared,
+    installed_transformers,
+    read_plan,
+    support,
+)
 
-__all__ = ["AdapterStatus", "Status", "apply", "patched", "register", "revert", "status"]
+__all__ = [
+    "AdapterStatus",
+    "Status",
+    "apply",
+    "declare_all",
+    "patched",
+    "register_all",
+    "registry",
+    "revert",
+    "status",
+    "unpatched",
+]
 
 APPLIED = "applied"
 WAITING = "waiting for import"
 SKIPPED = "skipped"
 NOT_APPLIED = "not applied"
 
+Archs = Union[str, Iterable[str], None]
+
 
 class _State:
-    __slots__ = ("wanted", "hooked", "owner", "original", "patch", "skip_reason")
+    __slots__ = ("pinned", "holders", "hooked", "owner", "original", "patch", "skip_reason")
 
     def __init__(self) -> None:
-        self.wanted = False  # apply() asked for it and its gate matched
+        self.pinned = False  # apply() asked for it (until revert())
+        self.holders: set[object] = set()  # tokens of the patched() blocks still open
         self.hooked = False  # a post-import hook is registered for its module (wrapt keeps hooks forever)
         self.owner: Any = None  # the class patched
         self.original: Optional[Callable] = None
         self.patch: Optional[Callable] = None
         self.skip_reason: Optional[str] = None
 
+    @property
+    def wanted(self) -> bool:
+        return self.pinned or bool(self.holders)
+
 
 _lock = threading.RLock()
 _registry: dict[str, Adapter] = {}
+_undeclared: dict[str, Undeclared] = {}
+_aliases: dict[str, str] = {}  # model type -> the adapter that patches its class
 _states: dict[str, _State] = {}
 _warned: set[str] = set()  # warnings already given in this process
+_open_blocks: set[object] = set()  # tokens of the patched() blocks not exited yet
 
 
 class AdapterStatus(NamedTuple):
-    """One adapter: its ``state`` (``applied``, ``waiting for import``, ``skipped``, ``not applied``),
-    why, and its ``support`` for the installed release (``tested``, ``untested newer``, ``known-bad``,
-    ``outside``)."""
+    """One model type: its ``state`` (``applied``, ``waiting for import``, ``skipped``, ``not applied``;
+    or, for model types hfpatch does not patch, ``right on stock``, ``not fixable by positions``,
+    ``not covered``), why, the ``target`` and ``versions`` of the adapter that patches it, and its
+    ``support`` on the installed release (``tested``, ``untested newer``, ``known-bad``, ``outside``;
+    empty for model types without an adapter)."""
 
     arch: str
     target: str
@@ -54,14 +91,33 @@ class AdapterStatus(NamedTuple):
     support: str
 
 
-class Status:
-    """What ``hfpatch.status()`` returns: the installed transformers and every adapter's state."""
+class Status(Mapping):
+    """What ``hfpatch.status()`` returns: a read-only mapping from model type to its
+    :class:`AdapterStatus` (``status()["qwen2"].state``, ``"mamba" in status()``), plus the installed
+    ``transformers`` release. ``print()`` it for a table."""
 
-    __slots__ = ("transformers", "adapters")  # a plain class: a dataclass costs ~1 ms at import
+    __slots__ = ("transformers", "_entries")  # a plain class: a dataclass costs ~1 ms at import
 
-    def __init__(self, transformers: Optional[str], adapters: tuple[AdapterStatus, ...]) -> None:
+    def __init__(self, transformers: Optional[str], entries: tuple[AdapterStatus, ...]) -> None:
         self.transformers = transformers
-        self.adapters = adapters
+        self._entries = {entry.arch: entry for entry in entries}
+
+    @property
+    def adapters(self) -> tuple[AdapterStatus, ...]:
+        """Every entry, in registry order."""
+        return tuple(self._entries.values())
+
+    def __getitem__(self, arch: str) -> AdapterStatus:
+        try:
+            return self._entries[arch]
+        except (KeyError, TypeError):
+            raise KeyError(f"no model type {arch!r}; known: {', '.join(self._entries)}") from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Status):
@@ -70,12 +126,6 @@ class Status:
 
     def __repr__(self) -> str:
         return f"Status(transformers={self.transformers!r}, adapters={self.adapters!r})"
-
-    def __getitem__(self, arch: str) -> AdapterStatus:
-        for entry in self.adapters:
-            if entry.arch == arch:
-                return entry
-        raise KeyError(f"no adapter {arch!r}; known: {', '.join(a.arch for a in self.adapters)}")
 
     def __str__(self) -> str:
         rows = [("arch", "state", "support", "target", "reason")]
@@ -87,122 +137,210 @@ class Status:
         return "\n".join(line.rstrip() for line in lines)
 
 
-def register(adapter: Adapter) -> Adapter:
-    """Add an adapter to the registry (adapters call this at import)."""
+def register_all(*adapters: Adapter) -> tuple[Adapter, ...]:
+    """Add adapters to the registry (the declaration modules call this at import)."""
     with _lock:
-        if adapter.arch in _registry:
-            raise ValueError(f"an adapter named {adapter.arch!r} is already registered")
-        _registry[adapter.arch] = adapter
-        _states[adapter.arch] = _State()
-    return adapter
+        for adapter in adapters:
+            for name in (adapter.arch, *adapter.aliases):
+                if name in _registry or name in _aliases or name in _undeclared:
+                    raise ValueError(f"model type {name!r} is declared twice")
+            _registry[adapter.arch] = adapter
+            _states[adapter.arch] = _State()
+            _aliases.update((alias, adapter.arch) for alias in adapter.aliases)
+    return adapters
 
 
-def apply(archs: Union[str, Iterable[str], None] = None) -> Status:
-    """Patch every registered adapter (or the named ones) whose release range admits the installed
-    transformers. Idempotent and thread-safe; never raises because of the installed release.
+def declare_all(*entries: Undeclared) -> tuple[Undeclared, ...]:
+    """Add model types that hfpatch knows and does not patch (listed by ``status()``)."""
+    with _lock:
+        for entry in entries:
+            if entry.arch in _registry or entry.arch in _aliases or entry.arch in _undeclared:
+                raise ValueError(f"model type {entry.arch!r} is declared twice")
+            _undeclared[entry.arch] = entry
+    return entries
+
+
+def registry() -> Mapping[str, Adapter]:
+    """A read-only view of every adapter, by architecture (``config.model_type``), in registry order.
+
+    >>> hfpatch.registry()["llama"].cls
+    'LlamaModel'
+    """
+    return MappingProxyType(_registry)
+
+
+def adapter_for(arch: str) -> Optional[Adapter]:
+    """The adapter that patches ``arch``'s class (``arch`` may be an alias, like ``exaone``), or None."""
+    return _registry.get(_aliases.get(arch, arch))
+
+
+def apply(archs: Archs = None) -> Status:
+    """Patch every registered adapter (or the named model types) whose release range admits the
+    installed transformers. Idempotent and thread-safe; never raises because of the installed release.
 
     >>> import hfpatch
     >>> hfpatch.apply()                # doctest: +SKIP
-    >>> hfpatch.apply(["gpt2"])        # doctest: +SKIP
+    >>> hfpatch.apply(["qwen2"])       # doctest: +SKIP
     """
     with _lock:
-        names = _select(archs)
-        version = installed_transformers()
-        refused, untested = [], []
-        for name in names:
-            adapter, state = _registry[name], _states[name]
-            verdict = support(adapter, version)
-            if not verdict.patchable:
-                state.skip_reason = verdict.reason
-                refused.append(verdict.reason)
-                continue
-            if verdict.level == UNTESTED_NEWER:
-                untested.append(name)
-            state.wanted, state.skip_reason = True, None
-            module = sys.modules.get(adapter.module)
-            if module is not None:
-                _install(adapter, state, module)
-            elif not state.hooked:
-                import wrapt  # about 8 ms, so only when a module must be waited for
-
-                wrapt.register_post_import_hook(_hook(name), adapter.module)
-                state.hooked = True
-        if refused and len(refused) == len(names):
-            _warn_once(
-                "nothing", f"hfpatch patches nothing for transformers {version}: " + "; ".join(refused)
-            )
-        if untested:
-            _warn_once(
-                "untested",
-                f"hfpatch is not tested with transformers {version} (newest tested: {NEWEST_TESTED}); "
-                f"patching {', '.join(untested)} because the signatures match. hfpatch.status() says more.",
-            )
+        _want(_select(archs), holder=None)
         return status()
+
+
+def _want(names: list[str], holder: Optional[object]) -> None:
+    version = installed_transformers()
+    refused, untested = [], []
+    for name in names:
+        adapter, state = _registry[name], _states[name]
+        verdict = support(adapter, version)
+        if not verdict.patchable:
+            state.skip_reason = verdict.reason
+            refused.append(verdict.reason)
+            continue
+        if verdict.level == UNTESTED_NEWER:
+            untested.append(name)
+        if holder is None:
+            state.pinned = True
+        else:
+            state.holders.add(holder)
+        state.skip_reason = None
+        module = sys.modules.get(adapter.module)
+        if module is not None:
+            _install(adapter, state, module)
+        elif not state.hooked:
+            import wrapt  # about 8 ms, so only when a module must be waited for
+
+            wrapt.register_post_import_hook(_hook(name), adapter.module)
+            state.hooked = True
+    if refused and len(refused) == len(names):
+        reasons = "; ".join(dict.fromkeys(refused))
+        _warn_once("nothing", f"hfpatch patches nothing for transformers {version}: {reasons}")
+    if untested:
+        _warn_once(
+            "untested",
+            f"hfpatch is not tested with transformers {version} (newest tested: {NEWEST_TESTED}); "
+            f"patching {', '.join(untested)} because the signatures match. hfpatch.status() says more.",
+        )
 
 
 def _warn_once(key: str, message: str) -> None:
     if key not in _warned:
         _warned.add(key)
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
+        warnings.warn(message, RuntimeWarning, stacklevel=4)
 
 
-def revert() -> Status:
-    """Restore every patched ``forward`` to the exact original function object."""
+def revert(archs: Archs = None) -> Status:
+    """Restore the exact original ``forward`` function objects of every adapter (or the named ones),
+    whoever applied them."""
     with _lock:
-        for state in _states.values():
-            _revert_one(state)
+        for name in _select(archs):
+            state = _states[name]
+            state.pinned = False
+            state.holders.clear()
+            _uninstall(state)
         return status()
 
 
 @contextlib.contextmanager
-def patched(archs: Union[str, Iterable[str], None] = None) -> Iterator[Status]:
-    """Apply on entry; on exit revert what this block applied (adapters applied before stay).
+def patched(archs: Archs = None) -> Iterator[Status]:
+    """Apply on entry; on exit undo only what this block applied: an adapter stays patched while
+    ``apply()`` pinned it (before or during the block, in any thread) or another open block holds it.
 
     >>> with hfpatch.patched():        # doctest: +SKIP
     ...     logits = model(input_ids, attention_mask=mask).logits
     """
+    token = object()
     with _lock:
-        before = {name for name, state in _states.items() if state.wanted}
-        result = apply(archs)
+        names = _select(archs)
+        _open_blocks.add(token)
+        _want(names, holder=token)
+        result = status()
     try:
         yield result
     finally:
         with _lock:
-            for name in _select(archs):
-                if name not in before:
-                    _revert_one(_states[name])
+            _open_blocks.discard(token)
+            for name in names:
+                state = _states[name]
+                state.holders.discard(token)
+                if not state.wanted:
+                    _uninstall(state)
+
+
+@contextlib.contextmanager
+def unpatched(archs: Archs = None) -> Iterator[Status]:
+    """Run a block on stock transformers for every adapter (or the named ones), then restore exactly
+    what was patched, pinned and held before (a ``patched()`` block that ended meanwhile excepted).
+    What other threads apply meanwhile stays.
+
+    >>> with hfpatch.unpatched(["gpt2"]):   # doctest: +SKIP
+    ...     stock_logits = model(input_ids, attention_mask=mask).logits
+    """
+    with _lock:
+        names = _select(archs)
+        saved = {name: (_states[name].pinned, set(_states[name].holders)) for name in names}
+        for name in names:  # unwanted, so that an import inside the block is not patched by its hook
+            state = _states[name]
+            state.pinned = False
+            state.holders.clear()
+            _uninstall(state)
+        result = status()
+    try:
+        yield result
+    finally:
+        with _lock:
+            for name, (pinned, holders) in saved.items():
+                state = _states[name]
+                state.pinned |= pinned
+                state.holders |= holders & _open_blocks
+                module = sys.modules.get(_registry[name].module)
+                if state.wanted and module is not None:
+                    _install(_registry[name], state, module)
 
 
 def status() -> Status:
-    """Every adapter's state and, for a skip, why."""
+    """Every model type hfpatch knows: its state and, where it is not patched, why."""
     with _lock:
         version = installed_transformers()
         entries = []
         for name, adapter in _registry.items():
-            state = _states[name]
-            verdict = support(adapter, version)
-            if state.patch is not None:
-                entry = (APPLIED, verdict.reason)
-            elif state.skip_reason is not None:
-                entry = (SKIPPED, state.skip_reason)
-            elif state.wanted:
-                entry = (WAITING, f"patched when {adapter.module} is imported; {verdict.reason}")
-            else:
-                entry = (NOT_APPLIED, "hfpatch.apply() has not been called (or revert() was)")
-            entries.append(AdapterStatus(name, adapter.target, adapter.versions, *entry, verdict.level))
+            entry = _adapter_status(name, adapter, version)
+            entries.append(entry)
+            for alias in adapter.aliases:
+                reason = f"runs {adapter.cls}, patched by the {name!r} adapter; {entry.reason}"
+                entries.append(entry._replace(arch=alias, reason=reason))
+        entries += [AdapterStatus(u.arch, "", "", u.verdict, u.reason, "") for u in _undeclared.values()]
         return Status(str(version) if version else None, tuple(entries))
 
 
-def _select(archs: Union[str, Iterable[str], None]) -> list[str]:
+def _adapter_status(name: str, adapter: Adapter, version: Any) -> AdapterStatus:
+    state = _states[name]
+    verdict = support(adapter, version)
+    if state.patch is not None:
+        entry = (APPLIED, verdict.reason)
+    elif state.skip_reason is not None:
+        entry = (SKIPPED, state.skip_reason)
+    elif state.wanted:
+        entry = (WAITING, f"patched when {adapter.module} is imported; {verdict.reason}")
+    else:
+        entry = (NOT_APPLIED, "hfpatch.apply() has not been called (or revert() was)")
+    return AdapterStatus(name, adapter.target, adapter.versions, *entry, verdict.level)
+
+
+def _select(archs: Archs) -> list[str]:
+    """Adapter names for ``archs`` (model types; an alias selects its adapter)."""
     if archs is None:
         return list(_registry)
     names = [archs] if isinstance(archs, str) else list(archs)
     if not all(isinstance(n, str) for n in names):
-        raise TypeError(f"archs: expected an architecture name or a list of names, got {archs!r}")
-    unknown = [n for n in names if n not in _registry]
+        raise TypeError(f"archs: expected a model type or a list of them, got {archs!r}")
+    not_patched = [f"{n} ({_undeclared[n].verdict}: {_undeclared[n].reason})" for n in names if n in _undeclared]
+    if not_patched:
+        raise ValueError(f"archs: hfpatch does not patch {'; '.join(not_patched)}")
+    unknown = [n for n in names if n not in _registry and n not in _aliases]
     if unknown:
-        raise ValueError(f"archs: unknown architecture(s) {unknown}; known: {', '.join(_registry)}")
-    return names
+        raise ValueError(f"archs: unknown model type(s) {unknown}; known: {', '.join(_registry)}")
+    return list(dict.fromkeys(_aliases.get(n, n) for n in names))
 
 
 def _hook(name: str) -> Callable[[Any], None]:
@@ -216,35 +354,35 @@ def _hook(name: str) -> Callable[[Any], None]:
 
 
 def _install(adapter: Adapter, state: _State, module: Any) -> None:
-    """Patch ``adapter``'s class in ``module``, or record why not. Never raises."""
+    """Patch ``adapter``'s class in ``module``, or record why not (and stop wanting it). Never raises."""
     if state.patch is not None:
         return
     owner = getattr(module, adapter.cls, None)
     original = getattr(owner, "__dict__", {}).get("forward")
+    reason = None
     if owner is None or original is None:
-        state.skip_reason = f"{adapter.target} not found in this transformers release"
-        state.wanted = False
-        return
-    if getattr(original, "__hfpatch_adapter__", None) is not None:
-        state.skip_reason = f"{adapter.target} is already an hfpatch patch (two hfpatch copies imported?)"
-        state.wanted = False
-        return
-    try:
-        sig = read_signature(adapter, original)
-    except TypeError as exc:
-        state.skip_reason = str(exc)
-        state.wanted = False
+        reason = f"{adapter.target} not found in this transformers release"
+    elif getattr(original, "__hfpatch_adapter__", None) is not None:
+        reason = f"{adapter.target} is already an hfpatch patch (two hfpatch copies imported?)"
+    else:
+        try:
+            plan = read_plan(adapter, original)
+        except TypeError as exc:
+            reason = str(exc)
+    if reason is not None:
+        state.skip_reason = reason
+        state.pinned = False
+        state.holders.clear()
         return
     from .forward import make_forward  # imports torch: only now, when transformers has loaded it anyway
 
-    state.owner, state.original, state.patch = owner, original, make_forward(adapter, original, sig)
+    state.owner, state.original, state.patch = owner, original, make_forward(adapter, original, plan)
     state.skip_reason = None
     type.__setattr__(owner, "forward", state.patch)
 
 
-def _revert_one(state: _State) -> None:
+def _uninstall(state: _State) -> None:
     """Restore the original unless someone replaced our patch after us (then theirs stays)."""
-    state.wanted = False
     if state.patch is not None:
         if state.owner.__dict__.get("forward") is state.patch:
             type.__setattr__(state.owner, "forward", state.original)

@@ -1,4 +1,11 @@
-"""Adapter declarations and the checks that decide whether one may patch: release range, signature."""
+"""Declarations and the checks that decide whether an adapter may patch: release range, signature.
+
+An :class:`Adapter` is data: the model type, the class whose ``forward`` is patched, its
+:class:`Family` (what really differs between architectures), since which release it is tested, and
+what hfpatch knows it cannot fix. The upper end of every range is :data:`NEWEST_TESTED`, stated here
+once. :func:`read_plan` turns a target's signature into a :class:`Plan`, decided once per class at
+install time. :class:`Undeclared` records the model types that hfpatch knows of and does not patch.
+"""
 
 import importlib.util
 import inspect
@@ -13,16 +20,18 @@ from packaging.version import InvalidVersion, Version
 __all__ = [
     "NEWEST_TESTED",
     "Adapter",
-    "Signature",
+    "Family",
+    "Plan",
     "Support",
+    "Undeclared",
     "installed_transformers",
-    "read_signature",
+    "read_plan",
     "release_has",
     "support",
 ]
 
 CACHE_NAMES = ("cache", "past_key_values")  # 5.24 renamed past_key_values -> cache
-NEWEST_TESTED = "5.24.0"  # the newest release in compat/REPORT.md
+NEWEST_TESTED = "5.24.0"  # the newest release in compat/releases.txt: the upper end of every range
 
 TESTED = "tested"
 UNTESTED_NEWER = "untested newer"
@@ -30,45 +39,96 @@ KNOWN_BAD = "known-bad"
 OUTSIDE = "outside"
 
 
-class Adapter(NamedTuple):
-    """What one architecture needs: the class whose ``forward`` is patched, and where that is safe.
+class Family(NamedTuple):
+    """What architectures of one kind share: how positions enter the model, and the facts that follow.
 
     Attributes:
-        arch: short name used by ``apply(archs=[...])``.
-        module: the modeling module, imported by the user (never by hfpatch).
-        cls: class in ``module`` whose own ``forward`` is replaced.
-        versions: the transformers releases this adapter is tested on (PEP 440 specifier), as in
-            compat/REPORT.md. Newer releases are patched too when the signature still matches,
-            with a warning (see :func:`support`); older ones never.
-        why: one line: what the range rests on.
-        required: parameters the target's signature must have (besides the cache argument).
-        attached_cache: attribute path from the model to a static cache that lives outside the
+        name: ``"absolute"`` (a learned or fixed table indexed by position: left padding shifts every
+            real token on stock) or ``"rotary"`` (RoPE and relatives: a uniform left shift cancels,
+            the holes of a padded cached prefix do not).
+        left_padding_wrong_on_stock: what follows for one call with left padding.
+        attached_cache: attribute path from the base model to a static cache kept outside the
             forward's arguments (4.38-4.40 ``model._setup_cache``), read only to find cache slots.
     """
 
-    arch: str
-    module: str
-    cls: str
-    versions: str
-    why: str
-    required: tuple[str, ...] = ("input_ids", "attention_mask", "position_ids", "inputs_embeds")
+    name: str
+    left_padding_wrong_on_stock: bool
     attached_cache: Optional[str] = None
-    known_bad: tuple[tuple[str, str], ...] = ()  # (specifier, why and the workaround): never patched
-    # (specifier, the upstream bug and its workaround): still patched, since positions are still fixed
+
+
+class Adapter(NamedTuple):
+    """One patched class, declared as data (the engine does every check, install and revert).
+
+    Attributes:
+        arch: the model type (``config.model_type``), used by ``apply(archs=[...])`` and ``status()``.
+        cls: the base-model class whose own ``forward`` is replaced.
+        family: see :class:`Family`.
+        since: the first release the compat matrix tests it on; the range is ``since`` to
+            :data:`NEWEST_TESTED`. Newer releases are patched too when the signature still matches,
+            with a warning (see :func:`support`); older ones never.
+        package: the ``transformers.models`` package, when it is not ``arch`` with ``_`` for ``-``.
+        aliases: other model types whose models run this very class (``exaone`` runs ``LlamaModel``).
+        tiny: config overrides for a tiny random model (:func:`hfpatch.probe.tiny_model`).
+        flagship: the full property suite runs on it (the others get the :func:`hfpatch.verify` probe).
+        multiple_choice: a model class that feeds ``[batch, choices, tokens]`` inputs (left to stock).
+        limits: what positions cannot fix inside "fixed" (sliding windows ...), shown by ``verify``.
+        known_bad: (specifier, why and the workaround): never patched there.
+        upstream_bugs: (specifier, the upstream bug and its workaround): still patched, since positions
+            are still fixed.
+    """
+
+    arch: str
+    cls: str
+    family: Family
+    since: str
+    package: Optional[str] = None
+    aliases: tuple[str, ...] = ()
+    tiny: tuple[tuple[str, object], ...] = ()
+    flagship: bool = False
+    multiple_choice: Optional[str] = None
+    limits: tuple[str, ...] = ()
+    known_bad: tuple[tuple[str, str], ...] = ()
     upstream_bugs: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def module(self) -> str:
+        package = self.package or self.arch.replace("-", "_")
+        return f"transformers.models.{package}.modeling_{package}"
 
     @property
     def target(self) -> str:
         return f"{self.module}:{self.cls}.forward"
 
+    @property
+    def versions(self) -> str:
+        return f">={self.since},<={NEWEST_TESTED}"
 
-class Signature(NamedTuple):
-    """Facts about a target's signature, read once at install time."""
+    @property
+    def why(self) -> str:
+        return f"tested from {self.since} (the first release in the matrix that ships it) through {NEWEST_TESTED}"
+
+
+RIGHT_ON_STOCK = "right on stock"
+NOT_FIXABLE = "not fixable by positions"
+NOT_COVERED = "not covered"
+
+
+class Undeclared(NamedTuple):
+    """A decoder-only model type hfpatch knows and does not patch: ``right on stock``, ``not fixable
+    by positions`` or ``not covered``, and why (measured on 5.24.0)."""
+
+    arch: str
+    verdict: str
+    reason: str
+
+
+class Plan(NamedTuple):
+    """What a target's signature says, read once when its class is patched."""
 
     positional: tuple[str, ...]  # parameters after ``self`` that may be passed by position, in order
-    cache_kw: str  # "cache" (5.24+) or "past_key_values"
+    cache_kw: Optional[str]  # "cache" (5.24+), "past_key_values", or None (no KV cache: OpenAI GPT)
     has_cache_position: bool  # 4.38-5.3 for Llama/Gemma, 4.52-5.3 for GPT-2
-    has_var_kw: bool  # **kwargs: an unknown keyword is swallowed instead of raising TypeError
+    swallows_cache_position: bool  # no such parameter but **kwargs (5.4+): a passed one would be ignored
 
 
 @cache
@@ -141,33 +201,35 @@ def upstream_bugs_on(adapter: Adapter, version: Version) -> list[str]:
 
 def release_has(adapter: Adapter) -> bool:
     """Whether the installed transformers ships ``adapter``'s module. Imports ``transformers`` (and the
-    model package's lazy ``__init__``), so the tests and compat/ use it, ``apply()`` never does."""
+    model package's lazy ``__init__``), so verify, the tests and compat/ use it, ``apply()`` never does."""
     try:
         return importlib.util.find_spec(adapter.module) is not None
     except ImportError:  # a parent package is missing: transformers itself, or models.<arch>
         return False
 
 
-def read_signature(adapter: Adapter, forward: Callable) -> Signature:
+REQUIRED = ("input_ids", "attention_mask", "position_ids", "inputs_embeds")
+
+
+def read_plan(adapter: Adapter, forward: Callable) -> Plan:
     """Read ``forward``'s signature; ``TypeError`` saying what is missing if it is not the expected one."""
     try:
         params = list(inspect.signature(forward).parameters.values())
     except (TypeError, ValueError) as exc:
         raise TypeError(f"cannot read the signature of {adapter.target}: {exc}") from exc
     names = [p.name for p in params]
-    missing = [name for name in adapter.required if name not in names]
-    cache_names = [name for name in CACHE_NAMES if name in names]
+    missing = [name for name in REQUIRED if name not in names]
     if not names or names[0] != "self":
         missing.insert(0, "self")
-    if not cache_names:
-        missing.append(" or ".join(CACHE_NAMES))
     if missing:
         found = ", ".join(names)
         raise TypeError(f"signature mismatch: {adapter.target}({found}) lacks {', '.join(missing)}")
     positional_kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    return Signature(
+    has_var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+    has_cache_position = "cache_position" in names
+    return Plan(
         positional=tuple(p.name for p in params[1:] if p.kind in positional_kinds),
-        cache_kw=cache_names[0],
-        has_cache_position="cache_position" in names,
-        has_var_kw=any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params),
+        cache_kw=next((name for name in CACHE_NAMES if name in names), None),
+        has_cache_position=has_cache_position,
+        swallows_cache_position=has_var_kw and not has_cache_position,
     )

@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny random models per architecture, stock/patched switching, release facts.
+"""Shared fixtures: tiny random models of the flagship architectures, stock/patched switching, release
+facts read from the declarations (``hfpatch.registry()``) or from what stock transformers does.
 
 Every test runs on whatever transformers release is installed; a test that cannot apply to it skips
 with the release fact that says why (see ../shared/research/transformers-versions.md).
@@ -8,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -19,15 +19,8 @@ from hypothesis import HealthCheck, settings
 from packaging.version import Version
 
 import hfpatch
-from hfpatch import doctor, engine
-from hfpatch.gates import (
-    Signature,
-    installed_transformers,
-    read_signature,
-    release_has,
-    support,
-    upstream_bugs_on,
-)
+from hfpatch import engine, probe
+from hfpatch.gates import Plan, installed_transformers, read_plan, release_has, support, upstream_bugs_on
 
 settings.register_profile(
     "default",
@@ -42,35 +35,63 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HFPATCH_HYPOTHESIS_PROFILE", "default"))
 
 TF = installed_transformers()
-ARCHS = ("gpt2", "llama", "gemma")
+ATOL = probe.TOLERANCE
+REGISTRY = hfpatch.registry()
+FLAGSHIPS = tuple(name for name, adapter in REGISTRY.items() if adapter.flagship)  # the full property suite
 
 
 def arch_skip_reason(arch: str) -> str | None:
     """Why ``arch`` cannot be tested here: absent from this release (a fact), or outside its range."""
-    adapter = engine._registry[arch]
+    adapter = REGISTRY[arch]
     if not release_has(adapter):
         return f"{adapter.cls} is not in transformers {TF} (no {adapter.module})"
     verdict = support(adapter, TF)
     return None if verdict.patchable else verdict.reason
 
 
-def static_cache_skip_reason(arch: str) -> str | None:
-    if TF < Version("4.38"):
-        return f"StaticCache first shipped in 4.38 (installed: {TF})"
-    if TF < Version("4.41"):
-        return (
-            f"a StaticCache object as the cache argument needs 4.41+ (installed: {TF}; see test_setup_cache)"
-        )
-    if arch == "gpt2" and TF < Version("4.52"):
-        return f"GPT-2 accepts Cache objects from 4.52 (installed: {TF})"
+@functools.lru_cache(maxsize=None)
+def _accepts(model_id: int, kind: str) -> str | None:
+    """None if the model takes a cache object of ``kind`` as its cache argument, else why not."""
+    model = _by_id[model_id]
+    import transformers
+
+    if kind == "static":
+        if not hasattr(transformers, "StaticCache"):
+            return f"StaticCache first shipped in 4.38 (installed: {TF})"
+        if hasattr(model, "_setup_cache"):
+            return f"a StaticCache object as the cache argument needs 4.41+ (installed: {TF}; see test_setup_cache)"
+    elif not hasattr(transformers, "DynamicCache"):
+        return f"Cache objects first shipped in 4.36 (installed: {TF})"
+    cache = make_static_cache(model, 1, 8) if kind == "static" else make_dynamic_cache(model)
+    try:
+        with stock(), torch.no_grad():
+            model(input_ids=torch.tensor([[5, 6]]), use_cache=True, **{cache_kw(model): cache})
+    except Exception as exc:  # noqa: BLE001 - what stock transformers says is the fact to report
+        return f"{type(model.base_model).__name__} takes no {kind} Cache object in transformers {TF}: {exc}"[:300]
     return None
 
 
+_by_id: dict[int, Any] = {}
+
+
+def cache_object_skip_reason(model: Any, kind: str) -> str | None:
+    """Why ``model`` takes no ``kind`` ("dynamic" or "static") cache object on this release (GPT-2 takes
+    Cache objects from 4.52, Llama from 4.36), read from what stock transformers does."""
+    _by_id[id(model)] = model
+    return _accepts(id(model), kind)
+
+
+def static_cache_skip_reason(model: Any) -> str | None:
+    return cache_object_skip_reason(model, "static")
+
+
 def make_static_cache(model: Any, batch: int, length: int) -> Any:
-    return doctor.static_cache(model, batch, length)
+    return probe.static_cache(model, batch, length)
 
 
 def make_dynamic_cache(model: Any) -> Any:
+    import inspect
+
     import transformers
 
     if "config" in inspect.signature(transformers.DynamicCache.__init__).parameters:
@@ -86,43 +107,37 @@ def _applied() -> Iterator[None]:
     hfpatch.apply()
 
 
-@contextlib.contextmanager
-def stock() -> Iterator[None]:
-    """Run a block on unpatched transformers."""
-    hfpatch.revert()
-    try:
-        yield
-    finally:
-        hfpatch.apply()
+def stock() -> contextlib.AbstractContextManager:
+    """Run a block on unpatched transformers (the state found is restored after it)."""
+    return hfpatch.unpatched()
 
 
 @contextlib.contextmanager
 def spying(model: Any) -> Iterator[list[dict[str, Any]]]:
     """Record the keyword arguments the original (unpatched) base-model forward receives."""
     owner = type(model.base_model)
-    hfpatch.revert()
-    original = owner.__dict__["forward"]
+    arch = engine.adapter_for(model.config.model_type).arch
     seen: list[dict[str, Any]] = []
+    with hfpatch.unpatched(arch):
+        original = owner.__dict__["forward"]
 
-    @functools.wraps(original)
-    def spy(self: Any, *args: Any, **kwargs: Any) -> Any:
-        seen.append(kwargs)
-        return original(self, *args, **kwargs)
+        @functools.wraps(original)
+        def spy(self: Any, *args: Any, **kwargs: Any) -> Any:
+            seen.append(kwargs)
+            return original(self, *args, **kwargs)
 
-    owner.forward = spy
-    try:
-        hfpatch.apply()
-        yield seen
-    finally:
-        hfpatch.revert()
-        owner.forward = original
-        hfpatch.apply()
+        owner.forward = spy
+        try:
+            with hfpatch.patched(arch):  # patches the spy
+                yield seen
+        finally:
+            owner.forward = original
 
 
 _models: dict[str, Any] = {}
 
 
-@pytest.fixture(params=ARCHS)
+@pytest.fixture(params=FLAGSHIPS)
 def arch(request: pytest.FixtureRequest) -> str:
     reason = arch_skip_reason(request.param)
     if reason:
@@ -130,9 +145,14 @@ def arch(request: pytest.FixtureRequest) -> str:
     return request.param
 
 
+@pytest.fixture
+def adapter(arch: str) -> Any:
+    return REGISTRY[arch]
+
+
 def upstream_bug(arch: str) -> str | None:
     """The upstream bug the adapter declares for this release, if any (its workaround is eager attention)."""
-    return next(iter(upstream_bugs_on(engine._registry[arch], TF)), None)
+    return next(iter(upstream_bugs_on(REGISTRY[arch], TF)), None)
 
 
 @pytest.fixture
@@ -140,19 +160,19 @@ def model(arch: str) -> Any:
     """The tiny model; with eager attention where the adapter declares an upstream SDPA bug (the
     declared workaround), so that the tests check hfpatch, not that bug (test_upstream_bug shows it)."""
     if arch not in _models:
-        _models[arch] = doctor.tiny_model(arch, attention="eager" if upstream_bug(arch) else None)
+        _models[arch] = probe.tiny_model(arch, attention="eager" if upstream_bug(arch) else None)
     return _models[arch]
 
 
 def random_rows(lengths: list[int], seed: int = 0) -> list[list[int]]:
     generator = torch.Generator().manual_seed(seed)
-    return [torch.randint(1, doctor.VOCAB, (n,), generator=generator).tolist() for n in lengths]
+    return [torch.randint(1, probe.VOCAB, (n,), generator=generator).tolist() for n in lengths]
 
 
 def cache_kw(model: Any) -> str:
-    return doctor.cache_kwarg(model)
+    return probe.cache_kwarg(model)
 
 
-def signature(model: Any, arch: str) -> Signature:
+def plan(model: Any) -> Plan:
     """What the installed release's base-model forward takes (GPT2Model, LlamaModel, ...)."""
-    return read_signature(engine._registry[arch], type(model.base_model).forward)
+    return read_plan(engine.adapter_for(model.config.model_type), type(model.base_model).forward)

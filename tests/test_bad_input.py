@@ -6,14 +6,14 @@ import pytest
 import torch
 from conftest import cache_kw, make_static_cache, random_rows, static_cache_skip_reason
 
-from hfpatch import doctor
+from hfpatch import probe
 
 
 def _prefix(model):
     (row,) = random_rows([4], seed=6)
     with torch.no_grad():
         out = model(input_ids=torch.tensor([row[:3]]), use_cache=True)
-    return row, doctor.output_cache(out)
+    return row, probe.output_cache(out)
 
 
 @pytest.mark.parametrize("columns", [1, 3, 5, 9])
@@ -44,7 +44,7 @@ def test_mask_must_be_2d_or_4d(model, shape):
 
 
 def test_static_cache_mask_must_fit(model, arch):
-    reason = static_cache_skip_reason(arch)
+    reason = static_cache_skip_reason(model)
     if reason:
         pytest.skip(reason)
     cache = make_static_cache(model, 1, 8)

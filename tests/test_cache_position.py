@@ -8,31 +8,32 @@ import copy
 import pytest
 import torch
 from conftest import (
+    ATOL,
     cache_kw,
+    cache_object_skip_reason,
     make_dynamic_cache,
     make_static_cache,
     random_rows,
-    signature,
+    plan,
     static_cache_skip_reason,
     stock,
 )
 from packaging.version import Version
 
-from hfpatch import doctor
+from hfpatch import probe
 from hfpatch.gates import installed_transformers
 
 TF = installed_transformers()
-ATOL = 1e-5
 ROWS_CHUNKS = (((3, 4), (2, 1), (1, 1)), ((False, False), (True, False), (False, False)))
 
 
-def _needs_parameter(model, arch):
-    if not signature(model, arch).has_cache_position:
+def _needs_parameter(model):
+    if not plan(model).has_cache_position:
         pytest.skip(f"{type(model.base_model).__name__}.forward has no cache_position in transformers {TF}")
 
 
-def _needs_static(arch):
-    reason = static_cache_skip_reason(arch)
+def _needs_static(model):
+    reason = static_cache_skip_reason(model)
     if reason:
         pytest.skip(reason)
 
@@ -40,7 +41,7 @@ def _needs_static(arch):
 def _run(model, cache_factory, explicit, **kwargs):
     chunks, left = ROWS_CHUNKS
     rows = random_rows([6, 6], seed=21)
-    got = doctor.run_batched(
+    got = probe.run_batched(
         model, rows, chunks, left, cache=cache_factory(), pass_cache_position=explicit, **kwargs
     )
     return rows, got
@@ -48,13 +49,14 @@ def _run(model, cache_factory, explicit, **kwargs):
 
 @pytest.mark.parametrize("kind", ["dynamic", "static", "static-full-mask"])
 def test_omitted_equals_explicit(model, arch, kind):
-    _needs_parameter(model, arch)
+    _needs_parameter(model)
     if kind == "dynamic":
-        if arch == "gpt2" and TF < Version("4.52"):
-            pytest.skip("GPT-2 takes Cache objects from 4.52")
+        reason = cache_object_skip_reason(model, "dynamic")
+        if reason:
+            pytest.skip(reason)
         factory, width = (lambda: make_dynamic_cache(model)), None
     else:
-        _needs_static(arch)
+        _needs_static(model)
         factory, width = (
             (lambda: make_static_cache(model, 2, 16)),
             (16 if kind == "static-full-mask" else None),
@@ -63,7 +65,7 @@ def test_omitted_equals_explicit(model, arch, kind):
     _, explicit = _run(model, factory, explicit=True, mask_width=width)
     for a, b in zip(omitted, explicit):
         assert torch.equal(a, b)
-    assert doctor.max_diff(model, rows, omitted) <= ATOL
+    assert probe.max_diff(model, rows, omitted) <= ATOL
 
 
 @pytest.mark.parametrize("with_mask", [False, True])
@@ -73,9 +75,9 @@ def test_static_cache_zero_key(model, arch, with_mask):
     count before 5.4 then writes over the last token). Prefill a prompt that starts with such a token,
     then decode one token per call. With a mask, a zero token may also come last: the mask says
     exactly where the cache ends; without one, hfpatch reads the last slot written."""
-    if arch == "gpt2":
-        pytest.skip("GPT-2's attention has biases: its keys are never all zero")
-    _needs_static(arch)
+    if getattr(model.config, "attention_bias", True):  # GPT-2's config has no such field: it has biases
+        pytest.skip(f"{arch}'s attention has key biases: its cached keys are never all zero")
+    _needs_static(model)
     zero = 5
     zeroed = copy.deepcopy(model)
     with torch.no_grad():
@@ -99,7 +101,7 @@ def test_static_cache_zero_key(model, arch, with_mask):
             logits.append(out.logits[0])
         return torch.cat(logits)
 
-    reference = doctor.run_alone(zeroed, row)
+    reference = probe.run_alone(zeroed, row)
     assert (decode() - reference).abs().max().item() <= ATOL
     if not with_mask and Version("4.41") <= TF < Version("5.4"):
         with stock():
@@ -116,22 +118,22 @@ def test_setup_cache_static_path(model, arch):
     attached = copy.deepcopy(model)
     for width in (None, 16):
         attached._setup_cache(__import__("transformers").StaticCache, 2, 16)
-        got = doctor.run_batched(attached, rows, chunks, left, mask_width=width)
-        assert doctor.max_diff(model, rows, got) <= ATOL
+        got = probe.run_batched(attached, rows, chunks, left, mask_width=width)
+        assert probe.max_diff(model, rows, got) <= ATOL
     attached._setup_cache(__import__("transformers").StaticCache, 2, 16)
     with stock():
-        assert doctor.max_diff(model, rows, doctor.run_batched(attached, rows, chunks, left)) > 1e-3
+        assert probe.max_diff(model, rows, probe.run_batched(attached, rows, chunks, left)) > 1e-3
 
 
 def test_static_cache_object_before_4_41_is_a_clear_error(model, arch):
-    if not (Version("4.38") <= TF < Version("4.41")) or arch == "gpt2":
+    if not (Version("4.38") <= TF < Version("4.41")) or not plan(model).has_cache_position:
         pytest.skip(f"StaticCache objects are usable as the cache argument from 4.41 (installed: {TF})")
     with pytest.raises(ValueError, match="_setup_cache"):
         _run(model, lambda: make_static_cache(model, 2, 16), explicit=False)
 
 
 def _needs_removed(model, arch):
-    sig = signature(model, arch)
+    sig = plan(model)
     if sig.has_cache_position or not sig.has_var_kw:
         pytest.skip(f"transformers {TF} has cache_position (or rejects it): the 5.4+ rule does not apply")
 
@@ -142,7 +144,7 @@ def test_removed_release_consistent_cache_position_is_honoured(model, arch):
     _, without = _run(model, lambda: None, explicit=False)
     for a, b in zip(with_cp, without):
         assert torch.equal(a, b)
-    assert doctor.max_diff(model, rows, with_cp) <= ATOL
+    assert probe.max_diff(model, rows, with_cp) <= ATOL
 
 
 @pytest.mark.parametrize("with_mask", [False, True])
@@ -156,7 +158,7 @@ def test_removed_release_contradicting_cache_position_raises(model, arch, with_m
             model(
                 input_ids=torch.tensor([row[3:]]),
                 cache_position=torch.tensor([40]),
-                **{cache_kw(model): doctor.output_cache(out)},
+                **{cache_kw(model): probe.output_cache(out)},
                 **kwargs,
             )
 
@@ -164,11 +166,11 @@ def test_removed_release_contradicting_cache_position_raises(model, arch, with_m
 def test_cache_under_either_name(model):
     """`cache=` and `past_key_values=` both work (on every release); the same object twice is fine."""
     rows = random_rows([5], seed=8)
-    reference = doctor.run_alone(model, rows[0])
+    reference = probe.run_alone(model, rows[0])
     for names in (["cache"], ["past_key_values"], ["cache", "past_key_values"]):
         with torch.no_grad():
             out = model(input_ids=torch.tensor([rows[0][:3]]), use_cache=True)
-            cache = doctor.output_cache(out)
+            cache = probe.output_cache(out)
             out2 = model.base_model(
                 input_ids=torch.tensor([rows[0][3:]]),
                 attention_mask=torch.ones(1, 5, dtype=torch.long),
@@ -181,7 +183,7 @@ def test_cache_under_either_name(model):
 def test_two_different_caches_is_an_error(model):
     rows = random_rows([3], seed=8)
     with torch.no_grad():
-        first = doctor.output_cache(model(input_ids=torch.tensor(rows), use_cache=True))
-        second = doctor.output_cache(model(input_ids=torch.tensor(rows), use_cache=True))
+        first = probe.output_cache(model(input_ids=torch.tensor(rows), use_cache=True))
+        second = probe.output_cache(model(input_ids=torch.tensor(rows), use_cache=True))
         with pytest.raises(ValueError, match="cache"):
             model.base_model(input_ids=torch.tensor(rows), cache=first, past_key_values=second)

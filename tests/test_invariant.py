@@ -7,35 +7,25 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import TF, make_static_cache, random_rows, static_cache_skip_reason, stock, upstream_bug
+from conftest import ATOL, TF, make_static_cache, random_rows, static_cache_skip_reason, stock, upstream_bug
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hfpatch import doctor
+from hfpatch import probe
 from hfpatch.positions import new_token_positions
 
-ATOL = 1e-5
 STATIC_LEN = 16  # 3 calls x 4 tokens at most, plus room
 
 
-@st.composite
-def padded_batches(draw):
-    batch = draw(st.integers(1, 3))
-    calls = draw(st.integers(1, 3))
-    chunks = [[draw(st.integers(0, 4)) for _ in range(batch)] for _ in range(calls)]
-    for r in range(batch):  # every row has at least one real token
-        if sum(c[r] for c in chunks) == 0:
-            chunks[0][r] = draw(st.integers(1, 4))
-    left = [[draw(st.booleans()) for _ in range(batch)] for _ in range(calls)]
-    seed = draw(st.integers(0, 2**16))
-    return chunks, left, seed
+def padded_batches():
+    """probe.random_case (the compat matrix's generator too), drawn by hypothesis so that it shrinks."""
+    return st.randoms(use_true_random=False).map(probe.random_case)
 
 
 def _check(model, case, **kwargs):
-    chunks, left, seed = case
-    rows = random_rows([sum(c[r] for c in chunks) for r in range(len(chunks[0]))], seed=seed)
-    got = doctor.run_batched(model, rows, chunks, left, **kwargs)
-    assert doctor.max_diff(model, rows, got) <= ATOL, (chunks, left)
+    rows, chunks, left = case
+    got = probe.run_batched(model, rows, chunks, left, **kwargs)
+    assert probe.max_diff(model, rows, got) <= ATOL, (chunks, left)
 
 
 @given(case=padded_batches())
@@ -45,21 +35,20 @@ def test_default_cache(model, case):
 
 @given(case=padded_batches(), full_length_mask=st.booleans())
 def test_static_cache(model, arch, case, full_length_mask):
-    reason = static_cache_skip_reason(arch)
+    reason = static_cache_skip_reason(model)
     if reason:
         pytest.skip(reason)
-    cache = make_static_cache(model, len(case[0][0]), STATIC_LEN)
+    cache = make_static_cache(model, len(case[0]), STATIC_LEN)
     _check(model, case, cache=cache, mask_width=STATIC_LEN if full_length_mask else None)
 
 
 @given(case=padded_batches())
 def test_inputs_embeds(model, case):
     """The same invariant when the batch comes as ``inputs_embeds``."""
-    chunks, left, seed = case
-    rows = random_rows([sum(c[r] for c in chunks) for r in range(len(chunks[0]))], seed=seed)
+    rows, chunks, left = case
     embed = model.get_input_embeddings()
-    got = doctor.run_batched(_EmbedsOnly(model, embed), rows, chunks, left)
-    assert doctor.max_diff(model, rows, got) <= ATOL
+    got = probe.run_batched(_EmbedsOnly(model, embed), rows, chunks, left)
+    assert probe.max_diff(model, rows, got) <= ATOL
 
 
 class _EmbedsOnly:
@@ -80,21 +69,21 @@ def test_upstream_bug(arch):
     why = upstream_bug(arch)
     if not why:
         pytest.skip(f"the {arch} adapter declares no upstream bug for transformers {TF}")
-    sdpa = doctor.tiny_model(arch, attention="sdpa")
+    sdpa = probe.tiny_model(arch, attention="sdpa")
     rows, chunks, left = (
         random_rows([4, 4], seed=0),
         [[2, 1], [1, 1], [1, 2]],
         [[False, True], [False] * 2, [False] * 2],
     )
-    patched = doctor.run_batched(sdpa, rows, chunks, left)
+    patched = probe.run_batched(sdpa, rows, chunks, left)
     with stock():
-        by_hand = doctor.run_batched(_PositionsByHand(sdpa), rows, chunks, left)
+        by_hand = probe.run_batched(_PositionsByHand(sdpa), rows, chunks, left)
     assert all(torch.equal(a, b) for a, b in zip(patched, by_hand))
-    assert doctor.max_diff(sdpa, rows, patched) > 1e-3, (
+    assert probe.max_diff(sdpa, rows, patched) > 1e-3, (
         "the upstream bug no longer shows: update the declaration"
     )
-    eager = doctor.tiny_model(arch, attention="eager")
-    assert doctor.max_diff(eager, rows, doctor.run_batched(eager, rows, chunks, left)) <= ATOL
+    eager = probe.tiny_model(arch, attention="eager")
+    assert probe.max_diff(eager, rows, probe.run_batched(eager, rows, chunks, left)) <= ATOL
 
 
 class _PositionsByHand:

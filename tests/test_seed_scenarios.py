@@ -7,17 +7,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import cache_kw, random_rows, stock
+from conftest import ATOL, cache_kw, random_rows, stock
 
-from hfpatch import doctor
+from hfpatch import probe
 
-ATOL = 1e-5
-PAD = doctor.PAD
-
-
-def _alone(model, tokens):
-    with torch.no_grad():
-        return model(input_ids=torch.tensor([tokens])).logits[0]
+PAD = probe.PAD
 
 
 def _18104(model):
@@ -31,9 +25,9 @@ def _18104(model):
         out2 = model(
             input_ids=torch.tensor([[a[3]], [b[4]]]),
             attention_mask=mask2,
-            **{cache_kw(model): doctor.output_cache(out1)},
+            **{cache_kw(model): probe.output_cache(out1)},
         )
-    full_a, full_b = _alone(model, a), _alone(model, b)
+    full_a, full_b = probe.run_alone(model, a), probe.run_alone(model, b)
     prefix_diff = max(
         (out1.logits[0, :3] - full_a[:3]).abs().max(), (out1.logits[1] - full_b[:4]).abs().max()
     )
@@ -59,28 +53,28 @@ def _left_padded(model, pads):
     mask = torch.tensor([[0] * pads + [1] * len(row)])
     with torch.no_grad():
         logits = model(input_ids=ids, attention_mask=mask).logits[0, pads:]
-    return (logits - _alone(model, row)).abs().max().item()
+    return (logits - probe.run_alone(model, row)).abs().max().item()
 
 
 @pytest.mark.parametrize(
     "pads", [2, 32]
 )  # trl#469 and transformers' test_left_padding_compatibility (32 pads)
-def test_left_padding_without_position_ids(model, arch, pads):
+def test_left_padding_without_position_ids(model, adapter, pads):
     assert _left_padded(model, pads) <= ATOL
-    if arch == "gpt2":  # absolute positions: every real token is shifted on stock
+    if adapter.family.left_padding_wrong_on_stock:  # absolute positions: every real token shifts on stock
         with stock():
             assert _left_padded(model, pads) > 1e-3
 
 
-@pytest.mark.parametrize("scenario", doctor.SCENARIOS, ids=lambda s: s.name)
-def test_doctor_scenarios(model, arch, scenario):
-    rows = doctor.scenario_rows(scenario)
-    fixed = doctor.max_diff(model, rows, doctor.run_batched(model, rows, scenario.chunks, scenario.left))
+@pytest.mark.parametrize("scenario", probe.SCENARIOS, ids=lambda s: s.name)
+def test_probe_scenarios(model, adapter, scenario):
+    rows = probe.scenario_rows(scenario)
+    fixed = probe.max_diff(model, rows, probe.run_batched(model, rows, scenario.chunks, scenario.left))
     assert fixed <= ATOL
     with stock():
-        broken = doctor.max_diff(model, rows, doctor.run_batched(model, rows, scenario.chunks, scenario.left))
-    rope_shift_only = arch != "gpt2" and len(scenario.chunks) == 1  # RoPE ignores a uniform left shift
-    assert broken <= ATOL if rope_shift_only else broken > 1e-3
+        broken = probe.max_diff(model, rows, probe.run_batched(model, rows, scenario.chunks, scenario.left))
+    shift_only = not adapter.family.left_padding_wrong_on_stock and not scenario.cached  # RoPE: no change
+    assert broken <= ATOL if shift_only else broken > 1e-3
 
 
 def test_variable_suffixes_both_rows_wrong_on_stock(model):
@@ -88,8 +82,8 @@ def test_variable_suffixes_both_rows_wrong_on_stock(model):
     #18104 repro): with stock positions both rows go wrong."""
     rows = random_rows([5, 5], seed=7)
     chunks, left = ((3, 4), (2, 1)), ((False, False), (True, True))
-    assert doctor.max_diff(model, rows, doctor.run_batched(model, rows, chunks, left)) <= ATOL
+    assert probe.max_diff(model, rows, probe.run_batched(model, rows, chunks, left)) <= ATOL
     with stock():
-        got = doctor.run_batched(model, rows, chunks, left)
+        got = probe.run_batched(model, rows, chunks, left)
     for row, logits in zip(rows, got):
-        assert (logits - _alone(model, row)).abs().max().item() > 1e-3
+        assert (logits - probe.run_alone(model, row)).abs().max().item() > 1e-3

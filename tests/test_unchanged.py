@@ -3,12 +3,14 @@ same exception): explicit position_ids / cache_position, calls without a mask, 4
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
-from conftest import cache_kw, make_dynamic_cache, random_rows, signature, spying, stock
+from conftest import cache_kw, cache_object_skip_reason, make_dynamic_cache, plan, random_rows, spying, stock
 from packaging.version import Version
 
-from hfpatch import doctor
+from hfpatch import probe
 from hfpatch.gates import installed_transformers
 
 TF = installed_transformers()
@@ -17,7 +19,7 @@ TF = installed_transformers()
 def same_as_stock(run):
     """Run ``run()`` patched and on stock; both must return bit-identical tensors or raise alike."""
     results = []
-    for context in (_nothing(), stock()):
+    for context in (contextlib.nullcontext(), stock()):
         with context:
             try:
                 results.append(("ok", run()))
@@ -34,14 +36,6 @@ def same_as_stock(run):
     return kind_p
 
 
-class _nothing:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
-
-
 def _two_calls(model, extra1, extra2, mask=True):
     """A right-padded prefix then a 2-token suffix, through the model's default cache."""
     a, b = random_rows([5, 6], seed=11)
@@ -54,7 +48,7 @@ def _two_calls(model, extra1, extra2, mask=True):
         out2 = model(
             input_ids=ids2,
             attention_mask=mask2 if mask else None,
-            **{cache_kw(model): doctor.output_cache(out1)},
+            **{cache_kw(model): probe.output_cache(out1)},
             **extra2,
         )
     return out1.logits, out2.logits
@@ -68,7 +62,7 @@ def test_explicit_position_ids(model):
 
 
 def test_explicit_position_ids_and_cache_position(model, arch):
-    if not signature(model, arch).has_cache_position:
+    if not plan(model).has_cache_position:
         pytest.skip(f"{type(model.base_model).__name__}.forward has no cache_position in transformers {TF}")
     first = {"position_ids": torch.tensor([[0, 1, 2, 2], [0, 1, 2, 3]]), "cache_position": torch.arange(4)}
     second = {"position_ids": torch.tensor([[3, 4], [4, 5]]), "cache_position": torch.arange(4, 6)}
@@ -79,7 +73,7 @@ def test_explicit_cache_position_is_forwarded_as_given(model, arch):
     """cache_position alone says where the cache writes, not the positions (transformers' own doc:
     "not affected by padding"): hfpatch forwards the caller's tensor itself and still derives
     position_ids from the mask."""
-    if not signature(model, arch).has_cache_position:
+    if not plan(model).has_cache_position:
         pytest.skip(f"{type(model.base_model).__name__}.forward has no cache_position in transformers {TF}")
     slots = torch.arange(4)
     with spying(model) as seen:
@@ -92,9 +86,10 @@ def test_no_mask(model):
     assert same_as_stock(lambda: _two_calls(model, {}, {}, mask=False)) == "ok"
 
 
-def test_no_mask_single_call_with_dynamic_cache_object(model, arch):
-    if TF < Version("4.36") or (arch == "gpt2" and TF < Version("4.52")):
-        pytest.skip(f"Cache objects for {arch} need a newer release than {TF}")
+def test_no_mask_single_call_with_dynamic_cache_object(model):
+    reason = cache_object_skip_reason(model, "dynamic")
+    if reason:
+        pytest.skip(reason)
     (row,) = random_rows([5], seed=2)
 
     def run():
@@ -135,14 +130,15 @@ def test_generate_left_padded_greedy(model):
     assert same_as_stock(run) == "ok"
 
 
-def test_gpt2_multiple_choice_inputs(model, arch):
-    """GPT2DoubleHeadsModel feeds [batch, choices, tokens] ids and masks: left exactly as stock."""
-    if arch != "gpt2":
-        pytest.skip("only GPT-2 takes multiple-choice inputs")
+def test_multiple_choice_inputs(model, adapter):
+    """A multiple-choice head (GPT2DoubleHeadsModel) feeds [batch, choices, tokens] ids and masks: left
+    exactly as stock."""
+    if adapter.multiple_choice is None:
+        pytest.skip(f"the {adapter.arch} declaration names no multiple-choice model")
     import transformers
 
     torch.manual_seed(0)
-    double = transformers.GPT2DoubleHeadsModel(model.config).eval()
+    double = getattr(transformers, adapter.multiple_choice)(model.config).eval()
     ids = torch.tensor(random_rows([6, 6], seed=12)).reshape(1, 2, 6)
     mask = torch.tensor([[[1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1]]])
 

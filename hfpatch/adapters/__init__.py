@@ -1,5 +1,6 @@
-"""One small declaration per architecture; importing this package registers them all."""
+"""The declarations: importing this package registers them all (rotary first, then absolute, then the
+model types hfpatch knows and does not patch)."""
 
-from . import gpt2, llama, gemma  # noqa: I001  (registry order = the order in the docs)
+from . import rotary, absolute, uncovered  # noqa: I001  (registry order = the order in status())
 
-__all__ = ["gpt2", "llama", "gemma"]
+__all__ = ["absolute", "rotary", "uncovered"]
