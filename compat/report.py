@@ -1,11 +1,15 @@
-"""Turn compat/results/ (JUnit XML + case counts per release) into compat/REPORT.md and compat/summary.json.
+"""Turn compat/results/ into compat/REPORT.md and compat/summary.json.
 
     python compat/report.py
 
-Each test belongs to one invariant (by module and name) and, through its parameter id, to one
-architecture. A cell is ``pass`` when every test of it passed (some may skip), ``FAIL`` when one
-failed, ``n/a`` when all skipped (the reason is footnoted), ``known-bad`` where the adapter declares
-the release known-bad.
+Two kinds of results per release: the full test suite on the flagship architectures (JUnit XML and
+case counts, from ``nox -s matrix``), and the architecture probe (``compat/results/probe/``, from
+``compat/probe_matrix.sh``: ``hfpatch.verify`` on every covered model type the release ships).
+
+Full suite: each test belongs to one invariant (by module and name) and, through its parameter id,
+to one architecture. A cell is ``pass`` when every test of it passed (some may skip), ``FAIL`` when
+one failed, ``n/a`` when all skipped (the reason is footnoted), ``known-bad`` where the adapter
+declares the release known-bad. Probe: one row per model type, grouped by family.
 """
 
 from __future__ import annotations
@@ -21,10 +25,13 @@ sys.path.insert(0, str(HERE.parent))
 
 from packaging.version import Version  # noqa: E402
 
-from hfpatch import engine  # noqa: E402  (registers the adapters)
-from hfpatch.gates import KNOWN_BAD, support, upstream_bugs_on  # noqa: E402
+import hfpatch  # noqa: E402  (registers the adapters)
+from hfpatch.gates import KNOWN_BAD, in_range, support, upstream_bugs_on  # noqa: E402
 
-ARCHS = list(engine._registry)
+REGISTRY = hfpatch.registry()
+ARCHS = [name for name, adapter in REGISTRY.items() if adapter.flagship]  # the full suite's columns
+PROBE_TEST = "test_verify_covered_architecture["
+NOT_SHIPPED = "is not in transformers"
 INVARIANTS = [  # (column, what it checks, (module, test-name prefix) pairs)
     ("I1", "padding / cache-split equivalence", [("test_seed_scenarios", ""), ("test_invariant", "")]),
     ("I2", "explicit inputs unchanged", [("test_unchanged", "test_explicit_")]),
@@ -70,6 +77,26 @@ def read_junit(path: Path) -> list[tuple[str, str, str, str]]:
     return cases
 
 
+def read_probe(path: Path) -> dict:
+    """{model type: {attention: {"outcome", "message", "stock", "hfpatch"}}} from a probe JUnit XML."""
+    result: dict = {}
+    for case in ET.parse(path).getroot().iter("testcase"):
+        name = case.get("name", "")
+        if not name.startswith(PROBE_TEST):
+            continue
+        model_type, attention = name[len(PROBE_TEST) : -1].rsplit("-", 1)
+        outcome, message = "pass", ""
+        for child in case:
+            if child.tag in ("failure", "error"):
+                outcome, message = "fail", (child.get("message") or "")[:300]
+            elif child.tag == "skipped" and outcome != "fail":
+                outcome, message = "skip", _clean(child.get("message", ""))
+        entry = {"outcome": outcome, "message": message}
+        entry.update((p.get("name"), float(p.get("value"))) for p in case.iter("property"))
+        result.setdefault(model_type, {})[attention] = entry
+    return result
+
+
 def cells(cases: list[tuple[str, str, str, str]]) -> dict:
     """{arch or "any": {invariant: (state, reason)}}."""
     grouped: dict = {}
@@ -113,6 +140,9 @@ def build() -> dict:
             entry["cells"] = cells(cases)
         if counts.exists():
             entry["cases"] = json.loads(counts.read_text())
+        probe = HERE / "results" / "probe" / f"{release}.xml"
+        if probe.exists():
+            entry["probe"] = read_probe(probe)
         summary[release] = entry
     return summary
 
@@ -167,7 +197,7 @@ def render(summary: dict) -> str:
             continue
         row = [release]
         for arch in ARCHS:
-            verdict = support(engine._registry[arch], Version(release))
+            verdict = support(REGISTRY[arch], Version(release))
             if verdict.level == KNOWN_BAD:
                 row += [f"known-bad<sup>{footnote(verdict.reason)}</sup>"] * len(INVARIANTS)
                 continue
@@ -190,15 +220,86 @@ def render(summary: dict) -> str:
         for arch in ARCHS:
             count = entry.get("cases", {}).get(arch, {})
             if "cases" in count:
-                bugs = upstream_bugs_on(engine._registry[arch], Version(release))
+                bugs = upstream_bugs_on(REGISTRY[arch], Version(release))
                 marks = "".join(f"<sup>{footnote(f'upstream bug ({arch}): {why}')}</sup>" for why in bugs)
                 row += [_wrong(count, "stock"), _wrong(count, "hfpatch") + marks]
             else:
                 row += ["n/a", "n/a"]
         lines.append("| " + " | ".join(row) + " |")
+    lines += _render_probe(summary)
     lines += ["", "## Notes: why a cell is n/a, known-bad or marked", ""]
     lines += [f"{i + 1}. {reason}" for i, reason in enumerate(footnotes)]
     return "\n".join(lines) + "\n"
+
+
+def probe_verdicts(summary: dict) -> dict:
+    """{model type: {release: "pass" | "fail" | "outside" | "absent"}} over the probed releases."""
+    verdicts: dict = {}
+    for release, entry in summary.items():
+        for model_type, runs in entry.get("probe", {}).items():
+            outcomes = {run["outcome"] for run in runs.values()}
+            messages = " ".join(run["message"] for run in runs.values())
+            if "fail" in outcomes:
+                verdict = "fail"
+            elif "pass" in outcomes:
+                verdict = "pass"
+            elif NOT_SHIPPED in messages:
+                verdict = "absent"
+            else:
+                verdict = "outside"
+            verdicts.setdefault(model_type, {})[release] = verdict
+    return verdicts
+
+
+def _render_probe(summary: dict) -> list[str]:
+    probed = [r for r, e in summary.items() if "probe" in e]
+    if not probed:
+        return ["", "## Architectures", "", "No probe results yet: run `bash compat/probe_matrix.sh`."]
+    verdicts = probe_verdicts(summary)
+    newest = probed[-1]
+    lines = [
+        "",
+        "## Architectures: the probe on every release that ships them",
+        "",
+        f"`hfpatch.verify` on a tiny random model of each covered model type, eager and SDPA attention, on "
+        f"{len(probed)} releases ({probed[0]} to {newest}): left padding, a right-padded cached prefix + 1 "
+        "token, variable prefixes and suffixes (dynamic cache, and a StaticCache where the model takes one). "
+        "*ships*: the matrix releases that have it; *exact*: of those in the declared range, how many "
+        f"pass (every real token within 1e-5 of its row run alone); stock and hfpatch: the largest "
+        f"max|diff| over the scenarios on {newest}.",
+    ]
+    families: dict = {}
+    for name, adapter in REGISTRY.items():
+        families.setdefault(adapter.family.name, []).append((name, adapter))
+    for family, members in families.items():
+        lines += [
+            "",
+            f"### Family `{family}` ({sum(1 + len(a.aliases) for _, a in members)} model types)",
+            "",
+        ]
+        lines += [
+            "| model type | class | declared | ships | exact | failing | stock | hfpatch |",
+            "|---" * 8 + "|",
+        ]
+        for name, adapter in members:
+            for model_type in (name, *adapter.aliases):
+                by_release = verdicts.get(model_type, {})
+                ships = [r for r, v in by_release.items() if v != "absent"]
+                declared = [r for r in ships if in_range(adapter.versions, Version(r))]
+                passed = [r for r in declared if by_release[r] == "pass"]
+                failing = [r for r, v in by_release.items() if v == "fail"]
+                newest_run = summary[newest].get("probe", {}).get(model_type, {})
+                stock = max((run.get("stock", 0.0) for run in newest_run.values()), default=None)
+                fixed = max((run.get("hfpatch", 0.0) for run in newest_run.values()), default=None)
+                span = f"{ships[0]} - {ships[-1]} ({len(ships)})" if ships else "-"
+                cells = [model_type, adapter.cls, adapter.versions, span, f"{len(passed)}/{len(declared)}"]
+                cells += [", ".join(failing) or "-", _num(stock), _num(fixed)]
+                lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1e}"
 
 
 def _wrong(count: dict, name: str) -> str:

@@ -1,4 +1,4 @@
-"""``python -m hfpatch``: the doctor, and ``python -m hfpatch verify PATH_OR_TYPE`` (see :mod:`hfpatch.doctor`)."""
+"""``python -m hfpatch``: the doctor, and ``python -m hfpatch verify PATH_OR_TYPE`` (see doctor.py)."""
 
 import sys
 

@@ -38,7 +38,10 @@ def capacity(cache: Any) -> Optional[int]:
         return None
     layers = _layers(cache)
     if layers is not None:  # sliding-window layers hold fewer slots: the cache's length is the longest
-        size = max((getattr(layer, "max_cache_len", None) or 0 for layer in layers), default=None)
+        size = 0
+        for layer in layers:  # a plain loop: dynamo cannot trace max() over a generator
+            layer_size = getattr(layer, "max_cache_len", None)
+            size = layer_size if isinstance(layer_size, int) and layer_size > size else size
     else:
         size = getattr(cache, "max_cache_len", None)  # StaticCache 4.38-4.53
     return size if isinstance(size, int) and size > 0 else None

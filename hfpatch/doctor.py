@@ -32,9 +32,12 @@ def doctor() -> int:
         if engine.status()[arch].state == engine.WAITING:
             models[arch] = tiny_model(arch)  # imports the modeling module: the hook patches it
     status = engine.status()
-    print(f"Python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}")
+    versions = f"torch {torch.__version__}, transformers {transformers.__version__}"
+    print(f"Python {platform.python_version()}, {versions}")
     counts = Counter(entry.state for entry in status.values())
-    print(f"{len(status)} decoder-only model types known: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+    print(
+        f"{len(status)} decoder-only model types known: " + ", ".join(f"{n} {s}" for s, n in counts.items())
+    )
     print("(print(hfpatch.status()) lists each with its reason; python -m hfpatch verify TYPE probes one)")
     print()
     failed = False

@@ -334,7 +334,9 @@ def _select(archs: Archs) -> list[str]:
     names = [archs] if isinstance(archs, str) else list(archs)
     if not all(isinstance(n, str) for n in names):
         raise TypeError(f"archs: expected a model type or a list of them, got {archs!r}")
-    not_patched = [f"{n} ({_undeclared[n].verdict}: {_undeclared[n].reason})" for n in names if n in _undeclared]
+    not_patched = [
+        f"{n} ({_undeclared[n].verdict}: {_undeclared[n].reason})" for n in names if n in _undeclared
+    ]
     if not_patched:
         raise ValueError(f"archs: hfpatch does not patch {'; '.join(not_patched)}")
     unknown = [n for n in names if n not in _registry and n not in _aliases]

@@ -105,7 +105,7 @@ class Adapter(NamedTuple):
 
     @property
     def why(self) -> str:
-        return f"tested from {self.since} (the first release in the matrix that ships it) through {NEWEST_TESTED}"
+        return f"tested from {self.since} (the first matrix release that ships it) through {NEWEST_TESTED}"
 
 
 RIGHT_ON_STOCK = "right on stock"

@@ -8,6 +8,7 @@ thing. Nothing here is imported by ``apply()``.
 
 from __future__ import annotations
 
+import copy
 import inspect
 import os
 from collections.abc import Sequence
@@ -67,8 +68,13 @@ def tiny_config(arch: str) -> Any:
     import transformers
 
     adapter = engine.adapter_for(arch)
-    overrides = dict(adapter.tiny) if adapter is not None else {}
+    # a copy: config classes edit the lists and dicts they are given in place
+    overrides = copy.deepcopy(dict(adapter.tiny)) if adapter is not None else {}
     default = transformers.AutoConfig.for_model(arch)
+    if adapter is not None and arch != adapter.arch and hasattr(_field(default, "text_config"), "to_dict"):
+        # an alias that wraps the patched text model: the adapter's own overrides are for its text config
+        text = {name: overrides.pop(name) for name in list(overrides) if name not in _SUB_CONFIGS}
+        overrides["text_config"] = {**text, **overrides.get("text_config", {})}
     return _shrunk(type(default), default, overrides)
 
 
@@ -80,10 +86,13 @@ def _shrunk(config_class: type, default: Any, overrides: dict) -> Any:
     }
     if _field(default, "kv_lora_rank") is not None:  # MLA: one KV head per query head
         kwargs["num_key_value_heads"] = _TINY["num_attention_heads"]
+    params = inspect.signature(config_class.__init__).parameters
     for name in _SUB_CONFIGS:
         sub = _field(default, name)
         if sub is not None and hasattr(sub, "to_dict"):
             kwargs[name] = _shrunk(type(sub), sub, overrides.pop(name, {})).to_dict()
+        elif sub is None and name not in params:
+            overrides.pop(name, None)  # a sub-config override for the wrapper an alias has (see tiny_config)
     kwargs.update(overrides)
     return config_class(**kwargs)
 
@@ -299,7 +308,9 @@ class Verification(NamedTuple):
         for row in self.rows:
             lines.append(f"  {row.scenario:44}  {row.stock:16.2e}  {row.patched:18.2e}  {row.error}".rstrip())
         lines += [f"  note: {note}" for note in self.notes]
-        lines.append(f"  exact = every hfpatch max|diff| <= {TOLERANCE:g} (fp32, vs each row run alone, unpadded)")
+        lines.append(
+            f"  exact = every hfpatch max|diff| <= {TOLERANCE:g} (fp32, vs each row run alone, unpadded)"
+        )
         return "\n".join(lines)
 
 
@@ -334,7 +345,9 @@ def verify(model: Union[str, os.PathLike, Any], static: bool = True) -> Verifica
     else:
         state = engine.APPLIED if entry is None else entry.state
         if state != engine.APPLIED:
-            notes.append(f"the {adapter.arch!r} adapter is {state} here: the hfpatch column applied it for the probe")
+            notes.append(
+                f"the {adapter.arch!r} adapter is {state} here: the hfpatch column applied it for the probe"
+            )
     return Verification(model_type, state, tuple(rows), tuple(notes))
 
 
@@ -377,7 +390,9 @@ def _scenarios(model: Any, static: bool) -> list[_Probe]:
     probes = [_Probe(s.name, s, None, None) for s in SCENARIOS if name is not None or not s.cached]
     if static and name is not None and _takes_static_cache(model):
         variable = SCENARIOS[2]
-        probes.append(_Probe(f"{variable.name}, StaticCache", variable, lambda: static_cache(model, 3, 16), 16))
+        probes.append(
+            _Probe(f"{variable.name}, StaticCache", variable, lambda: static_cache(model, 3, 16), 16)
+        )
     return probes
 
 

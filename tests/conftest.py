@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 import torch
 from hypothesis import HealthCheck, settings
-from packaging.version import Version
 
 import hfpatch
 from hfpatch import engine, probe
@@ -49,7 +48,7 @@ def arch_skip_reason(arch: str) -> str | None:
     return None if verdict.patchable else verdict.reason
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _accepts(model_id: int, kind: str) -> str | None:
     """None if the model takes a cache object of ``kind`` as its cache argument, else why not."""
     model = _by_id[model_id]
@@ -59,7 +58,7 @@ def _accepts(model_id: int, kind: str) -> str | None:
         if not hasattr(transformers, "StaticCache"):
             return f"StaticCache first shipped in 4.38 (installed: {TF})"
         if hasattr(model, "_setup_cache"):
-            return f"a StaticCache object as the cache argument needs 4.41+ (installed: {TF}; see test_setup_cache)"
+            return f"a StaticCache object as the cache argument needs 4.41+ (installed: {TF})"
     elif not hasattr(transformers, "DynamicCache"):
         return f"Cache objects first shipped in 4.36 (installed: {TF})"
     cache = make_static_cache(model, 1, 8) if kind == "static" else make_dynamic_cache(model)
@@ -67,7 +66,9 @@ def _accepts(model_id: int, kind: str) -> str | None:
         with stock(), torch.no_grad():
             model(input_ids=torch.tensor([[5, 6]]), use_cache=True, **{cache_kw(model): cache})
     except Exception as exc:  # noqa: BLE001 - what stock transformers says is the fact to report
-        return f"{type(model.base_model).__name__} takes no {kind} Cache object in transformers {TF}: {exc}"[:300]
+        return f"{type(model.base_model).__name__} takes no {kind} Cache object in transformers {TF}: {exc}"[
+            :300
+        ]
     return None
 
 

@@ -6,20 +6,19 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import (
-    TF,
     ATOL,
     FLAGSHIPS,
     REGISTRY,
+    TF,
     cache_kw,
     cache_object_skip_reason,
     make_dynamic_cache,
     make_static_cache,
-    random_rows,
     plan,
+    random_rows,
     static_cache_skip_reason,
     stock,
 )
-from packaging.version import Version
 from torch._dynamo.testing import CompileCounter
 
 from hfpatch import probe

@@ -10,7 +10,9 @@ from conftest import FLAGSHIPS, arch_skip_reason
 
 
 def _run(*args):
-    return subprocess.run([sys.executable, "-m", "hfpatch", *args], capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "hfpatch", *args], capture_output=True, text=True, timeout=600
+    )
 
 
 def test_doctor_shows_bug_and_fix():

@@ -16,6 +16,7 @@ from packaging.version import Version
 import hfpatch
 from hfpatch import engine, probe
 
+
 def _owner(model):
     return type(model.base_model)
 
@@ -62,9 +63,7 @@ def test_models_built_before_apply_are_fixed(arch):
             built_while_stock, rows, probe.run_batched(built_while_stock, rows, chunks, left)
         )
     assert wrong > 1e-3
-    right = probe.max_diff(
-        built_while_stock, rows, probe.run_batched(built_while_stock, rows, chunks, left)
-    )
+    right = probe.max_diff(built_while_stock, rows, probe.run_batched(built_while_stock, rows, chunks, left))
     assert right <= 1e-5
 
 

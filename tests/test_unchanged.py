@@ -8,7 +8,6 @@ import contextlib
 import pytest
 import torch
 from conftest import cache_kw, cache_object_skip_reason, make_dynamic_cache, plan, random_rows, spying, stock
-from packaging.version import Version
 
 from hfpatch import probe
 from hfpatch.gates import installed_transformers

@@ -5,7 +5,9 @@ shift cancels out, but the holes of a padded cached prefix do not. One line per 
 from ..engine import register_all
 from ..gates import Adapter, Family
 
-ROTARY = Family("rotary", left_padding_wrong_on_stock=False, attached_cache="layers.0.self_attn.past_key_value")
+ROTARY = Family(
+    "rotary", left_padding_wrong_on_stock=False, attached_cache="layers.0.self_attn.past_key_value"
+)
 
 SDPA_436 = (
     "SDPA attention gives wrong logits (or an IndexError) for some padded, cached batches, with or without "
@@ -15,6 +17,8 @@ LLAMA4_NOPE = (
     "NoPE layers with attention temperature tuning (floor_scale) read positions from the cache length, "
     "not position_ids: left padding stays slightly wrong there (9e-3 on a tiny model)"
 )
+
+GEMMA4 = (("global_head_dim", 32), ("vocab_size_per_layer_input", 97), ("hidden_size_per_layer_input", 16))
 
 # fmt: off
 ADAPTERS = register_all(
@@ -42,7 +46,7 @@ ADAPTERS = register_all(
     Adapter("doge", "DogeModel", ROTARY, "4.54"),
     Adapter("dory", "DoryModel", ROTARY, "5.24", tiny=(("n_input_layers", 1), ("n_output_layers", 1), ("n_recurrent_layers", None))),
     Adapter("dots1", "Dots1Model", ROTARY, "4.53", tiny=(("n_routed_experts", 4), ("num_experts_per_tok", 2), ("n_shared_experts", 1))),
-    Adapter("dots3_note_text", "Dots3NoteTextModel", ROTARY, "5.23", package="dots3_note", aliases=("dots3_note",)),
+    Adapter("dots3_note_text", "Dots3NoteTextModel", ROTARY, "5.23", package="dots3_note", aliases=("dots3_note",), tiny=(("layer_types", ["indexed_attention", "sliding_attention"]), ("index_n_heads", 2), ("index_head_dim", 16), ("per_layer_config", {}), ("vision_config", {"per_layer_config": None, "adapter_in_dim": 64, "adapter_out_dim": 64}), ("audio_config", {"adapter_input_size": 64, "adapter_out_dim": 64}))),
     Adapter("emu3", "Emu3TextModel", ROTARY, "4.48"),
     Adapter("ernie4_5", "Ernie4_5Model", ROTARY, "4.54"),
     Adapter("ernie4_5_moe", "Ernie4_5_MoeModel", ROTARY, "4.54"),
@@ -53,10 +57,13 @@ ADAPTERS = register_all(
     Adapter("flint", "FlintModel", ROTARY, "5.21", tiny=(("layer_types", ["sliding_attention", "full_attention"]),)),
     Adapter("gemma", "GemmaModel", ROTARY, "4.38", flagship=True),
     Adapter("gemma2", "Gemma2Model", ROTARY, "4.42"),
-    Adapter("gemma3_text", "Gemma3TextModel", ROTARY, "4.50", package="gemma3", aliases=("gemma3",)),
-    Adapter("gemma3n_text", "Gemma3nTextModel", ROTARY, "4.53", package="gemma3n"),
-    Adapter("gemma4_text", "Gemma4TextModel", ROTARY, "5.5", package="gemma4", aliases=("gemma4",)),
-    Adapter("gemma4_unified_text", "Gemma4UnifiedTextModel", ROTARY, "5.10", package="gemma4_unified", aliases=("gemma4_unified",)),
+    Adapter("gemma3_text", "Gemma3TextModel", ROTARY, "4.50", package="gemma3"),
+    Adapter("gemma3", "Gemma3Model", ROTARY, "4.52"),  # multimodal: builds a dict of masks for the text model
+    Adapter("gemma3n_text", "Gemma3nTextModel", ROTARY, "4.53", package="gemma3n", tiny=(("num_hidden_layers", 4), ("layer_types", ["sliding_attention", "full_attention"] * 2), ("num_kv_shared_layers", 2), ("vocab_size_per_layer_input", 97), ("hidden_size_per_layer_input", 16), ("laurel_rank", 8))),
+    Adapter("gemma4_text", "Gemma4TextModel", ROTARY, "5.5", package="gemma4", tiny=GEMMA4),
+    Adapter("gemma4", "Gemma4Model", ROTARY, "5.5", tiny=GEMMA4),  # multimodal: counts positions itself
+    Adapter("gemma4_unified_text", "Gemma4UnifiedTextModel", ROTARY, "5.10", package="gemma4_unified", tiny=(("global_head_dim", 32),)),
+    Adapter("gemma4_unified", "Gemma4UnifiedModel", ROTARY, "5.10", tiny=(("global_head_dim", 32),)),
     Adapter("glm", "GlmModel", ROTARY, "4.46"),
     Adapter("glm4", "Glm4Model", ROTARY, "4.51"),
     Adapter("glm4_moe", "Glm4MoeModel", ROTARY, "4.54", aliases=("sarvam_moe",)),
@@ -110,7 +117,8 @@ ADAPTERS = register_all(
     Adapter("olmo2", "Olmo2Model", ROTARY, "4.47"),
     Adapter("olmo3", "Olmo3Model", ROTARY, "4.57"),
     Adapter("olmoe", "OlmoeModel", ROTARY, "4.45"),
-    Adapter("persimmon", "PersimmonModel", ROTARY, "4.34", aliases=("fuyu",)),
+    Adapter("persimmon", "PersimmonModel", ROTARY, "4.34"),
+    Adapter("fuyu", "FuyuModel", ROTARY, "4.52"),  # multimodal: counts positions itself
     Adapter("phi", "PhiModel", ROTARY, "4.36"),
     Adapter("phi3", "Phi3Model", ROTARY, "4.41"),
     Adapter("phi4_multimodal", "Phi4MultimodalModel", ROTARY, "4.51"),
@@ -119,7 +127,6 @@ ADAPTERS = register_all(
     Adapter("qwen2_moe", "Qwen2MoeModel", ROTARY, "4.40"),
     Adapter("qwen3", "Qwen3Model", ROTARY, "4.51", aliases=("moss_transcribe_diarize",)),
     Adapter("qwen3_moe", "Qwen3MoeModel", ROTARY, "4.51"),
-    Adapter("recurrent_gemma", "RecurrentGemmaModel", ROTARY, "4.40", tiny=(("lru_width", 64), ("block_types", ["recurrent", "attention"]), ("attention_window_size", 64))),
     Adapter("seed_oss", "SeedOssModel", ROTARY, "4.56"),
     Adapter("smollm3", "SmolLM3Model", ROTARY, "4.53"),
     Adapter("solar_open", "SolarOpenModel", ROTARY, "5.0"),

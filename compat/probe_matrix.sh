@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The architecture probe on every release: bash compat/probe_matrix.sh [RELEASE ...]
+# One virtualenv (torch 2.13.0 CPU, pytest, hypothesis, hfpatch from the checkout) whose transformers
+# is swapped release by release; for each, tests/test_architectures.py (hfpatch.verify on every
+# covered model type the release ships, eager and SDPA) writes compat/results/probe/RELEASE.xml.
+# About an hour on one core for the 64 releases. Then: python3 compat/report.py
+set -euo pipefail
+cd "$(dirname "$0")/.."
+releases=("$@")
+[ ${#releases[@]} -gt 0 ] || mapfile -t releases < <(grep -v '^#' compat/releases.txt | sed '/^$/d')
+venv=${PROBE_VENV:-.nox/probe}
+[ -x "$venv/bin/python" ] || { python3 -m venv "$venv" && "$venv/bin/pip" install -q torch==2.13.0 wrapt packaging pytest hypothesis; }
+"$venv/bin/pip" install -q --no-deps --force-reinstall .
+mkdir -p compat/results/probe compat/results/logs
+for release in "${releases[@]}"; do
+  case $release in  # 4.20-4.25 pin tokenizers<0.13, which has no wheel for Python 3.11 (see noxfile.py)
+    4.2[0-5].*) "$venv/bin/pip" install -q --no-deps "transformers==$release"
+                "$venv/bin/pip" install -q "huggingface_hub<1.0" regex requests pyyaml tqdm filelock numpy ;;
+    *) "$venv/bin/pip" install -q "transformers==$release" ;;
+  esac
+  if OMP_NUM_THREADS=1 "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/test_architectures.py \
+      --junitxml="compat/results/probe/$release.xml" >"compat/results/logs/probe-$release.log" 2>&1; then
+    echo "$release ok"
+  else
+    echo "$release FAILED (see compat/results/logs/probe-$release.log)"
+  fi
+done
