@@ -14,7 +14,8 @@ venv=${PROBE_VENV:-.nox/probe}
 mkdir -p compat/results/probe compat/results/logs
 for release in "${releases[@]}"; do
   case $release in  # 4.20-4.25 pin tokenizers<0.13, which has no wheel for Python 3.11 (see noxfile.py)
-    4.2[0-5].*) "$venv/bin/pip" install -q --no-deps "transformers==$release"
+    4.2[0-5].*) "$venv/bin/pip" uninstall -q -y tokenizers  # a newer one fails transformers' import check
+                "$venv/bin/pip" install -q --no-deps "transformers==$release"
                 "$venv/bin/pip" install -q "huggingface_hub<1.0" regex requests pyyaml tqdm filelock numpy ;;
     *) "$venv/bin/pip" install -q "transformers==$release" ;;
   esac

@@ -38,6 +38,8 @@ def capacity(cache: Any) -> Optional[int]:
         return None
     layers = _layers(cache)
     if layers is not None:  # sliding-window layers hold fewer slots: the cache's length is the longest
+        if not len(layers) or getattr(layers[0], "max_cache_len", None) is None:
+            return None  # growing layers (DynamicCache): decided by the first, at every decode step
         size = 0
         for layer in layers:  # a plain loop: dynamo cannot trace max() over a generator
             layer_size = getattr(layer, "max_cache_len", None)

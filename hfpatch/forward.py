@@ -84,14 +84,13 @@ def _bind_positional(adapter: Adapter, plan: Plan, args: tuple, kwargs: dict) ->
 
 def _take_cache(cache_kw: str, kwargs: dict) -> Any:
     """Pop the cache from either name and put it back under the release's name."""
-    given = [kwargs.pop(name) for name in CACHE_NAMES if name in kwargs]
-    given = [c for c in given if c is not None]
-    if len(given) == 2 and given[0] is not given[1]:
+    new, old = kwargs.pop(CACHE_NAMES[0], None), kwargs.pop(CACHE_NAMES[1], None)
+    if new is not None and old is not None and new is not old:
         raise ValueError(
             "got two different caches, `cache=` and `past_key_values=`: pass one "
             f"(this release calls it `{cache_kw}`)"
         )
-    cache = given[0] if given else None
+    cache = new if new is not None else old
     if cache is not None:
         kwargs[cache_kw] = cache
     return cache

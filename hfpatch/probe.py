@@ -61,10 +61,10 @@ _TINY = {
 _SUB_CONFIGS = ("text_config", "vision_config", "audio_config")
 
 
-def tiny_config(arch: str) -> Any:
+def tiny_config(arch: str, sizes: Optional[dict[str, Any]] = None) -> Any:
     """A tiny config of model type ``arch``: 2 layers, hidden 64, 4 heads (2 KV heads), vocab 97,
     pad id 0, plus the adapter's own ``tiny`` overrides. Sub-configs (text, vision, audio) are shrunk
-    the same way."""
+    the same way. ``sizes`` replaces some of the tiny sizes (same field names; the benchmarks' models)."""
     import transformers
 
     adapter = engine.adapter_for(arch)
@@ -75,22 +75,22 @@ def tiny_config(arch: str) -> Any:
         # an alias that wraps the patched text model: the adapter's own overrides are for its text config
         text = {name: overrides.pop(name) for name in list(overrides) if name not in _SUB_CONFIGS}
         overrides["text_config"] = {**text, **overrides.get("text_config", {})}
-    return _shrunk(type(default), default, overrides)
+    return _shrunk(type(default), default, overrides, {**_TINY, **(sizes or {})})
 
 
-def _shrunk(config_class: type, default: Any, overrides: dict) -> Any:
+def _shrunk(config_class: type, default: Any, overrides: dict, tiny: dict) -> Any:
     kwargs = {
         name: value
-        for name, value in _TINY.items()
+        for name, value in tiny.items()
         if _field(default, name) is not None and not _read_only(config_class, name)
     }
     if _field(default, "kv_lora_rank") is not None:  # MLA: one KV head per query head
-        kwargs["num_key_value_heads"] = _TINY["num_attention_heads"]
+        kwargs["num_key_value_heads"] = tiny["num_attention_heads"]
     params = inspect.signature(config_class.__init__).parameters
     for name in _SUB_CONFIGS:
         sub = _field(default, name)
         if sub is not None and hasattr(sub, "to_dict"):
-            kwargs[name] = _shrunk(type(sub), sub, overrides.pop(name, {})).to_dict()
+            kwargs[name] = _shrunk(type(sub), sub, overrides.pop(name, {}), tiny).to_dict()
         elif sub is None and name not in params:
             overrides.pop(name, None)  # a sub-config override for the wrapper an alias has (see tiny_config)
     kwargs.update(overrides)
@@ -112,12 +112,14 @@ def _read_only(config_class: type, name: str) -> bool:
     return isinstance(attribute, property) and attribute.fset is None
 
 
-def tiny_model(arch: str, seed: int = 0, attention: Optional[str] = None) -> Any:
+def tiny_model(
+    arch: str, seed: int = 0, attention: Optional[str] = None, sizes: Optional[dict[str, Any]] = None
+) -> Any:
     """A tiny random-weight causal LM of model type ``arch`` (:func:`tiny_config`), fp32, eval mode;
     ``attention``: ``"eager"`` or ``"sdpa"`` (default: the release's own default)."""
     import transformers
 
-    config = tiny_config(arch)
+    config = tiny_config(arch, sizes)
     if attention is not None:
         config._attn_implementation = attention  # chosen at init; older releases read only this field
     torch.manual_seed(seed)
@@ -339,7 +341,9 @@ def verify(model: Union[str, os.PathLike, Any], static: bool = True) -> Verifica
     rows = []
     for scenario in _scenarios(model, static and adapter is not None):
         rows.append(_run_scenario(model, adapter, scenario))
-    if adapter is None:
+    if adapter is None and "position_ids" not in inspect.signature(model.forward).parameters:
+        notes.append("no adapter, and the model takes no position_ids: the hfpatch column is stock's")
+    elif adapter is None:
         notes.append("no adapter: the hfpatch column passes positions from the mask by hand")
         state = entry.state if entry is not None else "unknown to hfpatch"
     else:
@@ -416,7 +420,8 @@ def _run_scenario(model: Any, adapter: Optional[Adapter], probe: _Probe) -> Row:
     for use_patch in (False, True):
         try:
             if adapter is None:
-                got = _batched(_PositionsByHand(model) if use_patch else model, model, rows, probe)
+                by_hand = use_patch and "position_ids" in inspect.signature(model.forward).parameters
+                got = _batched(_PositionsByHand(model) if by_hand else model, model, rows, probe)
             elif use_patch:
                 with engine.patched(adapter.arch):
                     got = _batched(model, model, rows, probe)

@@ -74,6 +74,8 @@ def test_verify_model_types_hfpatch_does_not_patch(model_type):
     result = hfpatch.verify(model_type)
     state = hfpatch.status()[model_type].state
     assert result.state == state != "applied"
+    if TF != Version(NEWEST_TESTED):
+        return  # the verdicts were measured on the newest release; elsewhere: it runs, and says so
     if state == "right on stock":
         assert result.ok and not result.stock_wrong, str(result)
     else:

@@ -1,6 +1,7 @@
 """The adapters' declared release ranges match the evidence: compat/summary.json, generated with
-compat/REPORT.md from a full run of the release matrix (bash compat/run_matrix.sh). It checks the
-committed report, not the installed transformers, so the nox matrix sessions leave it out."""
+compat/REPORT.md from the release matrix (bash compat/run_matrix.sh: the full suite on the flagship
+architectures; bash compat/probe_matrix.sh: hfpatch.verify on every covered model type). It checks
+the committed report, not the installed transformers, so the nox matrix sessions leave it out."""
 
 from __future__ import annotations
 
@@ -10,11 +11,13 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from hfpatch import engine
+import hfpatch
 from hfpatch.gates import KNOWN_BAD, NEWEST_TESTED, TESTED, support, upstream_bugs_on
 
 COMPAT = Path(__file__).resolve().parent.parent / "compat"
-ARCHS = tuple(engine._registry)
+REGISTRY = hfpatch.registry()
+ARCHS = tuple(name for name, adapter in REGISTRY.items() if adapter.flagship)  # the full suite's
+COVERED = [(name, alias) for name, adapter in REGISTRY.items() for alias in (name, *adapter.aliases)]
 RELEASES = [
     line.strip()
     for line in (COMPAT / "releases.txt").read_text().splitlines()
@@ -29,6 +32,8 @@ def test_report_covers_every_listed_release():
     assert list(SUMMARY) == RELEASES
     missing = [release for release, entry in SUMMARY.items() if not entry["ran"] or "cases" not in entry]
     assert not missing, f"no results for {missing}: run bash compat/run_matrix.sh"
+    unprobed = [release for release, entry in SUMMARY.items() if "probe" not in entry]
+    assert not unprobed, f"no probe results for {unprobed}: run bash compat/probe_matrix.sh"
 
 
 def test_newest_tested_is_the_newest_release_in_the_matrix():
@@ -37,7 +42,7 @@ def test_newest_tested_is_the_newest_release_in_the_matrix():
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_adapter_range_matches_the_report(arch):
-    adapter = engine._registry[arch]
+    adapter = REGISTRY[arch]
     ran = {release: entry for release, entry in SUMMARY.items() if entry["ran"] and "cases" in entry}
     assert ran, "compat/summary.json holds no results: run bash compat/run_matrix.sh"
     for release, entry in ran.items():
@@ -67,9 +72,39 @@ def test_no_unexplained_failure():
         for arch, cells in entry.get("cells", {}).items():
             for column, (state, _) in cells.items():
                 if state == "fail":
-                    adapter = engine._registry.get(arch)
+                    adapter = REGISTRY.get(arch)
                     assert adapter and support(adapter, Version(release)).level == KNOWN_BAD, (
                         release,
                         arch,
                         column,
                     )
+
+
+def probe_verdict(runs: dict) -> str:
+    """One release's probe of one model type: pass, fail, absent (not shipped) or outside (skipped)."""
+    outcomes = {run["outcome"] for run in runs.values()}
+    if "fail" in outcomes:
+        return "fail"
+    if "pass" in outcomes:
+        return "pass"
+    return "absent" if any("is not in transformers" in run["message"] for run in runs.values()) else "outside"
+
+
+@pytest.mark.parametrize("name, model_type", COVERED, ids=[alias for _, alias in COVERED])
+def test_probed_range_matches_the_report(name, model_type):
+    """Every release in the declared range passes the probe, and the range is the longest such run
+    of releases ending at the newest: the release before ``since`` does not pass (or lacks it)."""
+    adapter = REGISTRY[name]
+    probed = [(release, entry["probe"]) for release, entry in SUMMARY.items() if "probe" in entry]
+    assert probed, "compat/summary.json holds no probe results: run bash compat/probe_matrix.sh"
+    verdicts = {release: probe_verdict(probe.get(model_type, {})) for release, probe in probed}
+    below = None
+    for release, verdict in verdicts.items():
+        if support(adapter, Version(release)).level == TESTED:
+            assert verdict == "pass", f"{model_type} is declared tested on {release}; the probe: {verdict}"
+        elif Version(release) < Version(adapter.since):
+            below = release
+    if below is not None:
+        assert verdicts[below] != "pass", (
+            f"{model_type} passes the probe on {below}, below its range {adapter.versions}: widen the range"
+        )
