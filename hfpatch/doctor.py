@@ -2,6 +2,7 @@
 
     python -m hfpatch                        # the doctor: the flagship architectures (GPT-2, Llama, Gemma)
     python -m hfpatch verify qwen2 ./ckpt    # the probe on model types or local checkpoint directories
+    python -m hfpatch architectures          # the table of declarations (Markdown, as in the README)
 
 Exit status 1 when a patched model is not exact.
 """
@@ -66,13 +67,42 @@ def verify_cli(targets: Sequence[str], static: bool) -> int:
     return 1 if failed else 0
 
 
+def architectures() -> str:
+    """The declarations as Markdown: every patched class with its model types, family and releases,
+    then the model types hfpatch knows and does not patch, with the reason (the README's table)."""
+    from .gates import NEWEST_TESTED
+
+    lines = [
+        f"{sum(1 + len(a.aliases) for a in engine.registry().values())} model types patched "
+        f"({len(engine.registry())} classes); releases: where the compat matrix tests the class, "
+        f"through {NEWEST_TESTED} (compat/REPORT.md).",
+        "",
+        "| model type (and others that run the class) | class patched | family | releases |",
+        "|---|---|---|---|",
+    ]
+    for adapter in sorted(engine.registry().values(), key=lambda a: a.arch):
+        types = adapter.arch + "".join(f", {alias}" for alias in adapter.aliases)
+        lines.append(f"| {types} | `{adapter.cls}` | {adapter.family.name} | {adapter.since} - {NEWEST_TESTED} |")
+    by_verdict: dict[str, list[str]] = {}
+    for entry in engine.status().values():
+        if not entry.target:
+            by_verdict.setdefault(entry.state, []).append(f"`{entry.arch}` ({entry.reason})")
+    for verdict, entries in by_verdict.items():
+        lines += ["", f"**{verdict.capitalize()}** ({len(entries)}): " + "; ".join(sorted(entries)) + "."]
+    return "\n".join(lines)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hfpatch", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command")
     check = commands.add_parser("verify", help="probe model types or local checkpoint directories")
     check.add_argument("targets", nargs="+", metavar="PATH_OR_TYPE")
     check.add_argument("--no-static", action="store_true", help="skip the StaticCache scenario")
+    commands.add_parser("architectures", help="print the table of declarations (Markdown)")
     args = parser.parse_args(argv)
+    if args.command == "architectures":
+        print(architectures())
+        return 0
     if args.command == "verify":
         return verify_cli(args.targets, static=not args.no_static)
     return doctor()

@@ -154,9 +154,15 @@ def in_range(spec: str, version: Version) -> bool:
         op = next((op for op in _OPERATORS if clause.startswith(op)), None)
         if op is None:
             raise ValueError(f"versions: cannot read {clause!r} in {spec!r} (expected >=, <=, ==, > or <)")
-        if not _OPERATORS[op](version, Version(clause[len(op) :])):
+        if not _OPERATORS[op](version, _version(clause[len(op) :])):
             return False
     return True
+
+
+@cache
+def _version(text: str) -> Version:
+    """``Version(text)``, parsed once: ``status()`` compares the ranges of every adapter."""
+    return Version(text)
 
 
 class Support(NamedTuple):
@@ -185,7 +191,7 @@ def support(adapter: Adapter, version: Optional[Version]) -> Support:
             f"; upstream bug, not fixed by hfpatch: {why}" for why in upstream_bugs_on(adapter, version)
         )
         return Support(TESTED, f"transformers {version} is tested ({adapter.versions}){upstream}")
-    if version > Version(NEWEST_TESTED):
+    if version > _version(NEWEST_TESTED):
         return Support(
             UNTESTED_NEWER,
             f"transformers {version} is newer than the newest tested release, {NEWEST_TESTED}: "
