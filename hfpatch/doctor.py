@@ -82,7 +82,8 @@ def architectures() -> str:
     ]
     for adapter in sorted(engine.registry().values(), key=lambda a: a.arch):
         types = adapter.arch + "".join(f", {alias}" for alias in adapter.aliases)
-        lines.append(f"| {types} | `{adapter.cls}` | {adapter.family.name} | {adapter.since} - {NEWEST_TESTED} |")
+        releases = f"{adapter.since} - {NEWEST_TESTED}"
+        lines.append(f"| {types} | `{adapter.cls}` | {adapter.family.name} | {releases} |")
     by_verdict: dict[str, list[str]] = {}
     for entry in engine.status().values():
         if not entry.target:

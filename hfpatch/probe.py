@@ -17,7 +17,7 @@ from typing import Any, NamedTuple, Optional, Union
 import torch
 
 from . import engine
-from .gates import Adapter, release_has
+from .gates import Adapter
 
 __all__ = [
     "SCENARIOS",
@@ -332,26 +332,24 @@ def verify(model: Union[str, os.PathLike, Any], static: bool = True) -> Verifica
     """
     model = _load(model)
     model_type = getattr(model.config, "model_type", "?")
-    adapter = engine.adapter_for(model_type) or _adapter_of_class(model)
-    entry = engine.status().get(model_type)
-    state = entry.state if entry is not None else ("covered as " + adapter.arch if adapter else "unknown")
+    adapter = _adapter_of_class(model) or engine.adapter_for(model_type)
+    status = engine.status()
+    entry = status.get(adapter.arch) if adapter is not None else status.get(model_type)
     notes = list(_limits(model, adapter))
     if entry is not None and entry.reason and entry.state != engine.APPLIED:
         notes.append(entry.reason)
-    rows = []
-    for scenario in _scenarios(model, static and adapter is not None):
-        rows.append(_run_scenario(model, adapter, scenario))
-    if adapter is None and "position_ids" not in inspect.signature(model.forward).parameters:
-        notes.append("no adapter, and the model takes no position_ids: the hfpatch column is stock's")
-    elif adapter is None:
-        notes.append("no adapter: the hfpatch column passes positions from the mask by hand")
+    probes = _scenarios(model, static and adapter is not None)
+    rows = [_run_scenario(model, adapter, probe) for probe in probes]
+    if adapter is None:
         state = entry.state if entry is not None else "unknown to hfpatch"
+        if "position_ids" in inspect.signature(model.forward).parameters:
+            notes.append("no adapter: the hfpatch column passes positions from the mask by hand")
+        else:
+            notes.append("no adapter, and the model takes no position_ids: the hfpatch column is stock's")
     else:
-        state = engine.APPLIED if entry is None else entry.state
+        state = entry.state
         if state != engine.APPLIED:
-            notes.append(
-                f"the {adapter.arch!r} adapter is {state} here: the hfpatch column applied it for the probe"
-            )
+            notes.append(f"the {adapter.arch!r} adapter is {state} here: the probe applied it for its column")
     return Verification(model_type, state, tuple(rows), tuple(notes))
 
 
@@ -366,8 +364,13 @@ def _load(model: Any) -> Any:
 
 
 def _adapter_of_class(model: Any) -> Optional[Adapter]:
-    base = type(getattr(model, "base_model", model))
-    return next((a for a in engine.registry().values() if a.cls == base.__name__ and release_has(a)), None)
+    """The adapter of the outermost module of ``model`` whose class is a declared target."""
+    targets = {(a.module, a.cls): a for a in engine.registry().values()}
+    for module in model.modules():
+        adapter = targets.get((type(module).__module__, type(module).__name__))
+        if adapter is not None:
+            return adapter
+    return None
 
 
 def _limits(model: Any, adapter: Optional[Adapter]) -> list[str]:

@@ -12,7 +12,8 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 
 def test_architecture_table_is_current():
     text = README.read_text()
-    block = re.search(r"<!-- architectures: generated .*? -->\n(.*?)\n<!-- architectures: end -->", text, re.S)
+    pattern = r"<!-- architectures: generated .*? -->\n(.*?)\n<!-- architectures: end -->"
+    block = re.search(pattern, text, re.S)
     assert block, "the README lost its generated architecture table"
     assert block.group(1).strip() == architectures().strip(), (
         "the README's table is stale: paste the output of python -m hfpatch architectures"
