@@ -7,18 +7,30 @@ Three families, told apart by what the object has, never by the release number:
 - growing ``Cache`` objects (``DynamicCache`` and friends, 4.36+): ``get_seq_length()``, a Python int;
 - static caches (``StaticCache``, 4.38+): a fixed capacity (a Python int) and a fill level that is a
   tensor. 5.4+ keeps an exact counter (``cumulative_length``); 4.38-5.3 guessed it from the key
-  contents, which hfpatch does better with :func:`hfpatch.positions.static_fill_level`.
+  contents, wrong when the newest keys are zero. There hfpatch keeps a counter of its own on the
+  cache object (:func:`count_written`), which the cache's ``reset()`` clears; a cache it has not seen
+  written falls back to :func:`hfpatch.positions.static_fill_level`.
 """
 
 from __future__ import annotations
 
+import types
 from typing import Any, Optional, Union
 
 import torch
 
 from .positions import static_fill_level
 
-__all__ = ["capacity", "exact_fill_level", "fill_level", "one_buffer_for_all_layers", "past_length"]
+__all__ = [
+    "capacity",
+    "count_written",
+    "exact_fill_level",
+    "fill_level",
+    "one_buffer_for_all_layers",
+    "past_length",
+]
+
+COUNTER = "_hfpatch_written"  # on a 4.38-5.3 static cache: one past the last slot hfpatch saw written
 
 
 def past_length(cache: Any) -> int:
@@ -50,14 +62,50 @@ def capacity(cache: Any) -> Optional[int]:
 
 
 def fill_level(cache: Any) -> Union[int, torch.Tensor]:
-    """Filled slots of a static cache: the exact counter where the release keeps one (5.4+), else
-    one past the last slot written in the first layer's keys (``get_seq_length()`` under-counts zero
-    keys before 5.4). A 0-d tensor, or 0 before the cache's first write."""
+    """Filled slots of a static cache: the exact counter where the release keeps one (5.4+); else
+    hfpatch's own count of the slots written, or one past the last slot written in the first layer's
+    keys if that is further (a write hfpatch did not see). A 0-d tensor, or 0 before the first write."""
     level = exact_fill_level(cache)
     if level is not None:
         return level
     keys = _first_layer_keys(cache)
-    return 0 if keys is None else static_fill_level(keys)
+    guess = 0 if keys is None else static_fill_level(keys)
+    counter = getattr(cache, COUNTER, None)
+    if counter is None:
+        return guess
+    return torch.maximum(counter, guess) if isinstance(guess, torch.Tensor) else counter
+
+
+def count_written(cache: Any, end: Union[int, torch.Tensor], device: torch.device) -> None:
+    """Record that a 4.38-5.3 static cache is filled up to slot ``end`` (exclusive) after this call.
+
+    The counter is a 0-d tensor made in eager mode, updated in place (so a compiled decode loop
+    keeps one graph), and cleared by the cache's ``reset()``: the cache gets a ``reset`` of its own
+    that clears it, then runs its class's."""
+    counter = getattr(cache, COUNTER, None)
+    if counter is None:
+        if torch.compiler.is_compiling():
+            return  # started by an eager call: the first one with this cache (a prefill, usually)
+        counter = torch.zeros((), dtype=torch.long, device=device)
+        setattr(cache, COUNTER, counter)
+        if callable(getattr(type(cache), "reset", None)):
+            cache.reset = types.MethodType(_reset_and_clear, cache)
+    if isinstance(end, torch.Tensor):
+        counter.copy_(end.reshape(()))
+    else:
+        counter.fill_(end)
+
+
+def _reset_and_clear(self: Any) -> Any:
+    """The ``reset`` of a cache hfpatch counts: clear the count, then the class's own reset. A bound
+    method (not a closure), so that a deep copy of the cache resets its own count."""
+    counter = self.__dict__.get(COUNTER)
+    if counter is not None:
+        counter.zero_()
+    return type(self).reset(self)
+
+
+_reset_and_clear.__name__ = "reset"  # what the instance attribute is called (pickling looks it up)
 
 
 def exact_fill_level(cache: Any) -> Optional[Union[int, torch.Tensor]]:

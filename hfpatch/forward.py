@@ -61,9 +61,9 @@ def make_forward(adapter: Adapter, original: Callable, plan: Plan) -> Callable:
         swallowed = swallows and given_slots is not None
         if swallowed:
             del kwargs["cache_position"]
-        may_derive_slots = slots_param and given_slots is None
-        if derive_positions or may_derive_slots or swallowed:
-            _fill(self, adapter, kwargs, cache, given_slots, derive_positions, may_derive_slots, swallowed)
+        # slots_param: the 4.38-5.3 era, where a static cache's slots are derived (missing) or counted
+        if derive_positions or slots_param or swallowed:
+            _fill(self, adapter, kwargs, cache, given_slots, derive_positions, slots_param, swallowed)
         return original(self, **kwargs)
 
     forward.__hfpatch_adapter__ = adapter.arch  # type: ignore[attr-defined]
@@ -103,14 +103,15 @@ def _fill(
     cache: Any,
     given_slots: Optional[torch.Tensor],
     derive_positions: bool,
-    may_derive_slots: bool,
+    slots_param: bool,
     swallowed: bool,
 ) -> None:
     """Fill ``kwargs`` in place, following the rules in this module's docstring."""
     static = cache if cache is not None else _attached_cache(model, adapter.family.attached_cache)
     capacity = caches.capacity(static)
-    derive_slots = may_derive_slots and capacity is not None  # growing caches: transformers' own is right
-    if not (derive_positions or derive_slots or swallowed):
+    counted = slots_param and capacity is not None and caches.exact_fill_level(static) is None
+    derive_slots = counted and given_slots is None  # growing caches: transformers' own slots are right
+    if not (derive_positions or counted or swallowed):
         return
     if derive_slots and cache is not None and caches.one_buffer_for_all_layers(cache):
         raise ValueError(
@@ -133,6 +134,8 @@ def _fill(
     slots: Union[int, torch.Tensor]
     if given_slots is not None and not swallowed:
         slots = given_slots  # the caller's, forwarded unchanged
+        if counted:
+            caches.count_written(static, given_slots.reshape(-1)[-1] + 1, tokens.device)
     else:
         if capacity is None:
             past: Past = _growing_past(static, num_new, mask_len if derive_positions else None)
@@ -141,6 +144,8 @@ def _fill(
         slots = past if isinstance(past, int) else cache_positions(num_new, past)
         if derive_slots:
             kwargs["cache_position"] = cache_positions(num_new, past, tokens.device)
+        if counted:
+            caches.count_written(static, past + num_new, tokens.device)
         if swallowed:
             if not torch.compiler.is_compiling():
                 _check_swallowed(given_slots, cache_positions(num_new, past, tokens.device))

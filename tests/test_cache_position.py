@@ -19,6 +19,7 @@ from conftest import (
     stock,
 )
 from packaging.version import Version
+from torch._dynamo.testing import CompileCounter
 
 from hfpatch import probe
 from hfpatch.gates import installed_transformers
@@ -68,44 +69,87 @@ def test_omitted_equals_explicit(model, arch, kind):
     assert probe.max_diff(model, rows, omitted) <= ATOL
 
 
-@pytest.mark.parametrize("with_mask", [False, True])
-def test_static_cache_zero_key(model, arch, with_mask):
-    """A StaticCache without cache_position stays right when cached keys are exactly zero
-    (transformers #30377: a zero embedding, like JackFram/llama-68m's BOS; transformers' `.any()`
-    count before 5.4 then writes over the last token). Prefill a prompt that starts with such a token,
-    then decode one token per call. With a mask, a zero token may also come last: the mask says
-    exactly where the cache ends; without one, hfpatch reads the last slot written."""
-    if getattr(model.config, "attention_bias", True):  # GPT-2's config has no such field: it has biases
-        pytest.skip(f"{arch}'s attention has key biases: its cached keys are never all zero")
-    _needs_static(model)
-    zero = 5
+def _zeroed(model, zero):
+    """A copy of ``model`` whose embedding row for token ``zero`` is zero (its keys are zero too)."""
     zeroed = copy.deepcopy(model)
     with torch.no_grad():
         zeroed.get_input_embeddings().weight[zero] = 0
+    return zeroed
+
+
+def _decode(model, row, prompt, cache, with_mask=False, compiled=None, explicit=False):
+    """Prefill ``row[:prompt]`` (eager), then one token a call (``compiled`` if given); the logits."""
+    logits = []
+    for start, stop in [(0, prompt)] + [(i, i + 1) for i in range(prompt, len(row))]:
+        kwargs = {"attention_mask": torch.ones(1, stop, dtype=torch.long)} if with_mask else {}
+        if explicit:
+            kwargs["cache_position"] = torch.arange(start, stop)
+        call = compiled if compiled is not None and start > 0 else model
+        with torch.no_grad():
+            out = call(
+                input_ids=torch.tensor([row[start:stop]]),
+                use_cache=True,
+                **{cache_kw(model): cache},
+                **kwargs,
+            )
+        logits.append(out.logits[0])
+    return torch.cat(logits)
+
+
+ZERO = 5
+
+
+@pytest.mark.parametrize("zero_at", ["first", "newest"])
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_static_cache_zero_key(model, arch, with_mask, zero_at):
+    """A StaticCache without cache_position stays right when cached keys are exactly zero
+    (transformers #30377: a zero embedding, like JackFram/llama-68m's BOS; transformers' `.any()`
+    count before 5.4 then writes over the last token). The zero token comes first (a BOS), or last
+    in the prompt (greedy decoding that emits a token whose embedding is zero): then only an exact
+    count of the slots written is right, which 5.4+ keeps and hfpatch keeps before 5.4."""
+    if getattr(model.config, "attention_bias", True):  # GPT-2's config has no such field: it has biases
+        pytest.skip(f"{arch}'s attention has key biases: its cached keys are never all zero")
+    _needs_static(model)
+    zeroed = _zeroed(model, ZERO)
     a, b, c, d = random_rows([4], seed=31)[0]
-    row = [zero, a, b, zero, c, d] if with_mask else [zero, a, b, c, d]
-    prompt = 3
-
-    def decode():
-        cache = make_static_cache(zeroed, 1, 16)
-        logits = []
-        for start, stop in [(0, prompt)] + [(i, i + 1) for i in range(prompt, len(row))]:
-            kwargs = {"attention_mask": torch.ones(1, stop, dtype=torch.long)} if with_mask else {}
-            with torch.no_grad():
-                out = zeroed(
-                    input_ids=torch.tensor([row[start:stop]]),
-                    use_cache=True,
-                    **{cache_kw(zeroed): cache},
-                    **kwargs,
-                )
-            logits.append(out.logits[0])
-        return torch.cat(logits)
-
+    row = [ZERO, a, b, c, d] if zero_at == "first" else [a, b, ZERO, c, d]
     reference = probe.run_alone(zeroed, row)
-    assert (decode() - reference).abs().max().item() <= ATOL
+    assert (
+        _decode(zeroed, row, 3, make_static_cache(zeroed, 1, 16), with_mask) - reference
+    ).abs().max() <= ATOL
     if not with_mask and Version("4.41") <= TF < Version("5.4"):
         with stock():
-            assert (decode() - reference).abs().max().item() > 1e-3, "stock should mis-count the zero key"
+            got = _decode(zeroed, row, 3, make_static_cache(zeroed, 1, 16))
+        assert (got - reference).abs().max().item() > 1e-3, "stock should mis-count the zero key"
+
+
+def test_static_cache_count_survives_reset_and_compile(model, arch):
+    """Before 5.4, hfpatch's count of a StaticCache's slots: equal to the run with cache_position
+    given, after cache.reset() (which clears it) and with the decode steps compiled (fullgraph, one
+    graph for every step: the count is a tensor updated in place)."""
+    if getattr(model.config, "attention_bias", True):
+        pytest.skip(f"{arch}'s attention has key biases: its cached keys are never all zero")
+    _needs_static(model)
+    _needs_parameter(model)  # 4.38-5.3: the releases without an exact counter of their own
+    zeroed = _zeroed(model, ZERO)
+    a, b, c, d = random_rows([4], seed=33)[0]
+    row = [a, b, ZERO, c, d, ZERO, a]
+    explicit = _decode(zeroed, row, 3, make_static_cache(zeroed, 1, 16), explicit=True)
+    assert (explicit - probe.run_alone(zeroed, row)).abs().max().item() <= ATOL
+    cache = make_static_cache(zeroed, 1, 16)
+    assert torch.equal(_decode(zeroed, row, 3, cache), explicit)
+    cache.reset()
+    assert torch.equal(_decode(zeroed, row, 3, cache), explicit), "after reset()"
+    cache.reset()
+    counter = CompileCounter()
+    compiled = torch.compile(zeroed, fullgraph=True, backend=counter)
+    torch._dynamo.reset()
+    try:
+        got = _decode(zeroed, row, 3, cache, compiled=compiled)
+    finally:
+        torch._dynamo.reset()
+    assert (got - explicit).abs().max().item() <= ATOL, "compiled"
+    assert counter.frame_count == 1, "one graph for every decode step"
 
 
 def test_setup_cache_static_path(model, arch):
