@@ -46,6 +46,7 @@ def make_forward(adapter: Adapter, original: Callable, plan: Plan) -> Callable:
     positional arguments, renames the cache, exits early when there is nothing to fill in, and fills in.
     """
     cache_kw, slots_param, swallows = plan.cache_kw, plan.has_cache_position, plan.swallows_cache_position
+    eager_mask_attr = plan.eager_mask_attr
 
     @functools.wraps(original)  # keeps __wrapped__, so inspect.signature shows the original parameters
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -64,10 +65,30 @@ def make_forward(adapter: Adapter, original: Callable, plan: Plan) -> Callable:
         # slots_param: the 4.38-5.3 era, where a static cache's slots are derived (missing) or counted
         if derive_positions or slots_param or swallowed:
             _fill(self, adapter, kwargs, cache, given_slots, derive_positions, slots_param, swallowed)
+        if eager_mask_attr is not None and derive_positions and _continues_a_prefix(kwargs, mask):
+            return _with_eager_mask(self, eager_mask_attr, original, kwargs)
         return original(self, **kwargs)
 
     forward.__hfpatch_adapter__ = adapter.arch  # type: ignore[attr-defined]
     return forward
+
+
+def _continues_a_prefix(kwargs: dict, mask: torch.Tensor) -> bool:
+    """Several new tokens after a cached prefix (the calls 4.36-4.37's SDPA mask code gets wrong)."""
+    tokens = kwargs.get("input_ids")
+    tokens = tokens if tokens is not None else kwargs.get("inputs_embeds")
+    return tokens is not None and mask.dim() == 2 and 1 < tokens.shape[1] < mask.shape[1]
+
+
+def _with_eager_mask(model: Any, attribute: str, original: Callable, kwargs: dict) -> Any:
+    """Call ``original`` with the model's SDPA mask switch off (see ``Adapter.eager_mask``)."""
+    if not getattr(model, attribute, False):
+        return original(model, **kwargs)
+    setattr(model, attribute, False)
+    try:
+        return original(model, **kwargs)
+    finally:
+        setattr(model, attribute, True)
 
 
 def _bind_positional(adapter: Adapter, plan: Plan, args: tuple, kwargs: dict) -> None:

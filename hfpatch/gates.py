@@ -72,6 +72,11 @@ class Adapter(NamedTuple):
         flagship: the full property suite runs on it (the others get the :func:`hfpatch.verify` probe).
         multiple_choice: a model class that feeds ``[batch, choices, tokens]`` inputs (left to stock).
         limits: what positions cannot fix inside "fixed" (sliding windows ...), shown by ``verify``.
+        eager_mask: (specifier, attribute): on these releases the model's SDPA mask code mishandles a
+            padded cached prefix continued by several tokens (4.36-4.37 ``_unmask_unattended``); for
+            such calls, when hfpatch derives the positions, it sets this boolean attribute of the
+            base model (``_use_sdpa``) False for the call, so that transformers builds its eager 4-D
+            mask (right for any padding; attention still runs in SDPA).
         known_bad: (specifier, why and the workaround): never patched there.
         upstream_bugs: (specifier, the upstream bug and its workaround): still patched, since positions
             are still fixed.
@@ -87,6 +92,7 @@ class Adapter(NamedTuple):
     flagship: bool = False
     multiple_choice: Optional[str] = None
     limits: tuple[str, ...] = ()
+    eager_mask: Optional[tuple[str, str]] = None
     known_bad: tuple[tuple[str, str], ...] = ()
     upstream_bugs: tuple[tuple[str, str], ...] = ()
 
@@ -129,6 +135,7 @@ class Plan(NamedTuple):
     cache_kw: Optional[str]  # "cache" (5.24+), "past_key_values", or None (no KV cache: OpenAI GPT)
     has_cache_position: bool  # 4.38-5.3 for Llama/Gemma, 4.52-5.3 for GPT-2
     swallows_cache_position: bool  # no such parameter but **kwargs (5.4+): a passed one would be ignored
+    eager_mask_attr: Optional[str] = None  # the adapter's eager_mask attribute, where its release is in range
 
 
 @cache
@@ -233,9 +240,12 @@ def read_plan(adapter: Adapter, forward: Callable) -> Plan:
     positional_kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     has_var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
     has_cache_position = "cache_position" in names
+    version, eager_mask = installed_transformers(), adapter.eager_mask
+    in_era = eager_mask is not None and version is not None and in_range(eager_mask[0], version)
     return Plan(
         positional=tuple(p.name for p in params[1:] if p.kind in positional_kinds),
         cache_kw=next((name for name in CACHE_NAMES if name in names), None),
         has_cache_position=has_cache_position,
         swallows_cache_position=has_var_kw and not has_cache_position,
+        eager_mask_attr=eager_mask[1] if in_era else None,
     )

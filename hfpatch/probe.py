@@ -247,6 +247,8 @@ SCENARIOS = (
         ((3, 4, 1), (2, 1, 2)),
         ((False,) * 3, (False, True, False)),
     ),
+    # a left-padded prompt in the cache, continued by several tokens (4.36-4.37's SDPA mask code)
+    Scenario("left-padded prefix + 2 tokens", (4, 6), ((2, 4), (2, 2)), ((True, True), (False, False))),
 )
 
 

@@ -159,7 +159,7 @@ def upstream_bug(arch: str) -> str | None:
 @pytest.fixture
 def model(arch: str) -> Any:
     """The tiny model; with eager attention where the adapter declares an upstream SDPA bug (the
-    declared workaround), so that the tests check hfpatch, not that bug (test_upstream_bug shows it)."""
+    declared workaround), so that the tests check hfpatch, not that bug."""
     if arch not in _models:
         _models[arch] = probe.tiny_model(arch, attention="eager" if upstream_bug(arch) else None)
     return _models[arch]

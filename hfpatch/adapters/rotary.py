@@ -9,10 +9,7 @@ ROTARY = Family(
     "rotary", left_padding_wrong_on_stock=False, attached_cache="layers.0.self_attn.past_key_value"
 )
 
-SDPA_436 = (
-    "SDPA attention gives wrong logits (or an IndexError) for some padded, cached batches, with or without "
-    "hfpatch (transformers' _unmask_unattended); use attn_implementation='eager'"
-)
+SDPA_436 = (">=4.36,<4.38", "_use_sdpa")  # transformers' _unmask_unattended: see Adapter.eager_mask
 LLAMA4_NOPE = (
     "NoPE layers with attention temperature tuning (floor_scale) read positions from the cache length, "
     "not position_ids: left padding stays slightly wrong there (9e-3 on a tiny model)"
@@ -52,7 +49,7 @@ ADAPTERS = register_all(
     Adapter("ernie4_5_moe", "Ernie4_5_MoeModel", ROTARY, "4.54"),
     Adapter("exaone4", "Exaone4Model", ROTARY, "4.54"),
     Adapter("exaone_moe", "ExaoneMoeModel", ROTARY, "5.1"),
-    Adapter("falcon", "FalconModel", ROTARY, "4.34"),
+    Adapter("falcon", "FalconModel", ROTARY, "4.34", eager_mask=SDPA_436),
     Adapter("flex_olmo", "FlexOlmoModel", ROTARY, "4.57"),
     Adapter("flint", "FlintModel", ROTARY, "5.21", tiny=(("layer_types", ["sliding_attention", "full_attention"]),)),
     Adapter("gemma", "GemmaModel", ROTARY, "4.38", flagship=True),
@@ -91,7 +88,7 @@ ADAPTERS = register_all(
     Adapter("laguna", "LagunaModel", ROTARY, "5.7"),
     Adapter(
         "llama", "LlamaModel", ROTARY, "4.28", aliases=("exaone", "internlm3", "iquestcoder"), flagship=True,
-        upstream_bugs=((">=4.36,<4.38", SDPA_436),),
+        eager_mask=SDPA_436,
     ),
     Adapter(
         "llama4_text", "Llama4TextModel", ROTARY, "4.51", package="llama4", aliases=("llama4",),
