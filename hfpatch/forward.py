@@ -4,7 +4,9 @@ Rules, the same for every architecture and release (the target's :class:`~hfpatc
 says which apply):
 
 1. The cache may be passed as ``cache=`` or ``past_key_values=`` (or by position); it is handed on
-   under the name the release uses. Both at once is a ``ValueError`` unless they are the same object.
+   under the name the release uses, or under the caller's old name where the release still takes it
+   (5.24's ``past_key_values``: transformers then gives its own deprecation warning). Both at once is
+   a ``ValueError`` unless they are the same object.
 2. ``position_ids`` missing and a 2-D ``attention_mask`` given: positions come from the mask
    (:func:`hfpatch.positions.new_token_positions`), over past + new tokens, so pads and the holes of a
    padded cached prefix are skipped. No mask or a 4-D mask: untouched.
@@ -46,13 +48,13 @@ def make_forward(adapter: Adapter, original: Callable, plan: Plan) -> Callable:
     positional arguments, renames the cache, exits early when there is nothing to fill in, and fills in.
     """
     cache_kw, slots_param, swallows = plan.cache_kw, plan.has_cache_position, plan.swallows_cache_position
-    eager_mask_attr = plan.eager_mask_attr
+    eager_mask_attr, old_cache_kw = plan.eager_mask_attr, plan.old_cache_kw
 
     @functools.wraps(original)  # keeps __wrapped__, so inspect.signature shows the original parameters
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         if args:
             _bind_positional(adapter, plan, args, kwargs)
-        cache = _take_cache(cache_kw, kwargs) if cache_kw is not None else None
+        cache = _take_cache(cache_kw, old_cache_kw, kwargs) if cache_kw is not None else None
         mask = kwargs.get("attention_mask")
         # a 4-D mask, or a non-tensor one (a flex-attention BlockMask), is the caller's own: untouched
         derive_positions = (
@@ -103,8 +105,9 @@ def _bind_positional(adapter: Adapter, plan: Plan, args: tuple, kwargs: dict) ->
         kwargs[name] = value
 
 
-def _take_cache(cache_kw: str, kwargs: dict) -> Any:
-    """Pop the cache from either name and put it back under the release's name."""
+def _take_cache(cache_kw: str, old_cache_kw: Optional[str], kwargs: dict) -> Any:
+    """Pop the cache from either name and put it back under the release's name, or under the old
+    name the caller used where the release still takes it (so that its own warning reaches them)."""
     new, old = kwargs.pop(CACHE_NAMES[0], None), kwargs.pop(CACHE_NAMES[1], None)
     if new is not None and old is not None and new is not old:
         raise ValueError(
@@ -113,7 +116,7 @@ def _take_cache(cache_kw: str, kwargs: dict) -> Any:
         )
     cache = new if new is not None else old
     if cache is not None:
-        kwargs[cache_kw] = cache
+        kwargs[old_cache_kw if new is None and old_cache_kw == CACHE_NAMES[1] else cache_kw] = cache
     return cache
 
 

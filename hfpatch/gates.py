@@ -13,7 +13,7 @@ import operator
 import sys
 from functools import cache
 from importlib import metadata
-from typing import Callable, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 from packaging.version import InvalidVersion, Version
 
@@ -136,6 +136,7 @@ class Plan(NamedTuple):
     has_cache_position: bool  # 4.38-5.3 for Llama/Gemma, 4.52-5.3 for GPT-2
     swallows_cache_position: bool  # no such parameter but **kwargs (5.4+): a passed one would be ignored
     eager_mask_attr: Optional[str] = None  # the adapter's eager_mask attribute, where its release is in range
+    old_cache_kw: Optional[str] = None  # an old name the release still takes, with its own warning (5.24+)
 
 
 @cache
@@ -242,10 +243,28 @@ def read_plan(adapter: Adapter, forward: Callable) -> Plan:
     has_cache_position = "cache_position" in names
     version, eager_mask = installed_transformers(), adapter.eager_mask
     in_era = eager_mask is not None and version is not None and in_range(eager_mask[0], version)
+    cache_kw = next((name for name in CACHE_NAMES if name in names), None)
     return Plan(
         positional=tuple(p.name for p in params[1:] if p.kind in positional_kinds),
-        cache_kw=next((name for name in CACHE_NAMES if name in names), None),
+        cache_kw=cache_kw,
         has_cache_position=has_cache_position,
         swallows_cache_position=has_var_kw and not has_cache_position,
         eager_mask_attr=eager_mask[1] if in_era else None,
+        old_cache_kw=_renamed_from(forward, cache_kw),
     )
+
+
+def _renamed_from(forward: Callable, new_name: Optional[str]) -> Optional[str]:
+    """The old name of the cache argument that the release still takes, through transformers'
+    ``deprecate_kwarg`` decorator (5.24: ``past_key_values`` -> ``cache``), which warns the caller.
+    Read from the decorator's closure, anywhere on the ``__wrapped__`` chain."""
+    function: Any = forward
+    while function is not None and new_name is not None:
+        code = getattr(function, "__code__", None)
+        if code is not None and {"old_name", "new_name"} <= set(code.co_freevars):
+            cells = dict(zip(code.co_freevars, function.__closure__ or ()))
+            old, new = (cells[name].cell_contents for name in ("old_name", "new_name"))
+            if new == new_name and old in CACHE_NAMES:
+                return old
+        function = getattr(function, "__wrapped__", None)
+    return None

@@ -4,6 +4,7 @@ same exception): explicit position_ids / cache_position, calls without a mask, 4
 from __future__ import annotations
 
 import contextlib
+import warnings
 
 import pytest
 import torch
@@ -147,3 +148,29 @@ def test_multiple_choice_inputs(model, adapter):
         return out.logits, out.mc_logits
 
     assert same_as_stock(run) == "ok"
+
+
+def test_deprecated_cache_name_keeps_transformers_warning(model):
+    """Where the release renamed the cache argument and still takes the old name with a warning of
+    its own (5.24: ``past_key_values`` -> ``cache``, transformers' test_bc_cache_name_forward), hfpatch
+    hands the cache on under the caller's name: the warning reaches the caller, results are equal."""
+    old = plan(model).old_cache_kw
+    if old is None:
+        pytest.skip(f"transformers {TF} takes the cache under one name only")
+    rows = random_rows([4], seed=13)
+    ids = torch.tensor([rows[0][3:]])
+    mask = torch.ones(1, 4, dtype=torch.long)
+
+    def second_call(name):
+        with torch.no_grad():
+            first = probe.output_cache(model(input_ids=torch.tensor([rows[0][:3]]), use_cache=True))
+            return model.base_model(input_ids=ids, attention_mask=mask, **{name: first}).last_hidden_state
+
+    with pytest.warns(FutureWarning, match=old):
+        by_old_name = second_call(old)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        by_new_name = second_call(cache_kw(model))
+    assert torch.equal(by_old_name, by_new_name)
+    with stock(), pytest.warns(FutureWarning, match=old):
+        second_call(old)
