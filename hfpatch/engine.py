@@ -14,6 +14,7 @@ pins or holds it any more. ``revert()`` clears both, whoever set them.
 import contextlib
 import sys
 import threading
+import types
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from types import MappingProxyType
@@ -74,6 +75,7 @@ _aliases: dict[str, str] = {}  # model type -> the adapter that patches its clas
 _states: dict[str, _State] = {}
 _warned: set[str] = set()  # warnings already given in this process
 _open_blocks: set[object] = set()  # tokens of the patched() blocks not exited yet
+_swapped: dict[Callable, Callable] = {}  # forward functions just replaced on a class: old -> new
 
 
 class AdapterStatus(NamedTuple):
@@ -184,6 +186,7 @@ def apply(archs: Archs = None) -> Status:
     """
     with _lock:
         _want(_select(archs), holder=None)
+        _rebind_hooked()
         return status()
 
 
@@ -238,6 +241,7 @@ def revert(archs: Archs = None) -> Status:
             state.pinned = False
             state.holders.clear()
             _uninstall(state)
+        _rebind_hooked()
         return status()
 
 
@@ -254,6 +258,7 @@ def patched(archs: Archs = None) -> Iterator[Status]:
         names = _select(archs)
         _open_blocks.add(token)
         _want(names, holder=token)
+        _rebind_hooked()
         result = status()
     try:
         yield result
@@ -265,6 +270,7 @@ def patched(archs: Archs = None) -> Iterator[Status]:
                 state.holders.discard(token)
                 if not state.wanted:
                     _uninstall(state)
+            _rebind_hooked()
 
 
 @contextlib.contextmanager
@@ -284,6 +290,7 @@ def unpatched(archs: Archs = None) -> Iterator[Status]:
             state.pinned = False
             state.holders.clear()
             _uninstall(state)
+        _rebind_hooked()
         result = status()
     try:
         yield result
@@ -296,6 +303,7 @@ def unpatched(archs: Archs = None) -> Iterator[Status]:
                 module = sys.modules.get(_registry[name].module)
                 if state.wanted and module is not None:
                     _install(_registry[name], state, module)
+            _rebind_hooked()
 
 
 def status() -> Status:
@@ -381,6 +389,7 @@ def _install(adapter: Adapter, state: _State, module: Any) -> None:
     state.owner, state.original, state.patch = owner, original, make_forward(adapter, original, plan)
     state.skip_reason = None
     type.__setattr__(owner, "forward", state.patch)
+    _swapped[original] = state.patch
 
 
 def _uninstall(state: _State) -> None:
@@ -388,4 +397,32 @@ def _uninstall(state: _State) -> None:
     if state.patch is not None:
         if state.owner.__dict__.get("forward") is state.patch:
             type.__setattr__(state.owner, "forward", state.original)
+            _swapped[state.patch] = state.original
         state.owner = state.original = state.patch = None
+
+
+HOOK_ATTRIBUTES = ("_old_forward", "forward")  # accelerate's add_hook_to_module / remove_hook_from_module
+
+
+def _rebind_hooked() -> None:
+    """Model instances that captured a class's ``forward`` before hfpatch changed it follow the class.
+
+    accelerate's ``add_hook_to_module`` keeps ``module._old_forward``, a method bound to the class's
+    function of that moment, and ``remove_hook_from_module`` puts it back as the instance's own
+    ``forward``: a class patch alone would not reach those instances. Such bound methods are found
+    with one pass over the garbage collector's objects (about 50 ms for a process with a few million
+    objects), made only when ``accelerate.hooks`` has been imported: without it, nothing captures
+    ``forward`` this way, and ``apply()`` stays cheap."""
+    swapped = dict(_swapped)
+    _swapped.clear()
+    if not swapped or "accelerate.hooks" not in sys.modules:
+        return
+    import gc
+
+    for obj in gc.get_objects():
+        if type(obj) is types.MethodType and obj.__func__ in swapped:
+            instance = obj.__self__
+            attributes = getattr(instance, "__dict__", None) or {}
+            for name in HOOK_ATTRIBUTES:
+                if attributes.get(name) is obj:
+                    attributes[name] = types.MethodType(swapped[obj.__func__], instance)
