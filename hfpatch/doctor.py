@@ -3,6 +3,7 @@
     python -m hfpatch                        # the doctor: the flagship architectures (GPT-2, Llama, Gemma)
     python -m hfpatch verify qwen2 ./ckpt    # the probe on model types or local checkpoint directories
     python -m hfpatch architectures          # the table of declarations (Markdown, as in the README)
+    hfpatch run -- torchrun train.py         # CMD with hfpatch applied in every Python process it starts
 
 Exit status 1 when a patched model is not exact.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import platform
+import sys
 from collections import Counter
 from collections.abc import Sequence
 from typing import Optional
@@ -100,10 +102,44 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     check.add_argument("targets", nargs="+", metavar="PATH_OR_TYPE")
     check.add_argument("--no-static", action="store_true", help="skip the StaticCache scenario")
     commands.add_parser("architectures", help="print the table of declarations (Markdown)")
+    launcher = commands.add_parser("run", help="run a command with hfpatch applied in every Python process")
+    launcher.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS")
     args = parser.parse_args(argv)
+    if args.command == "run":
+        return run(args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd)
     if args.command == "architectures":
         print(architectures())
         return 0
     if args.command == "verify":
         return verify_cli(args.targets, static=not args.no_static)
     return doctor()
+
+
+def run(command: Sequence[str]) -> int:
+    """``hfpatch run -- CMD ARGS...``: run CMD with hfpatch applied at the start of every Python
+    process it starts (``python``, ``torchrun``, ``accelerate launch``, their workers), through a
+    ``sitecustomize`` put first on ``PYTHONPATH`` that chains to any existing one. Replaces this
+    process (``os.execvpe``); the environment variables of :mod:`hfpatch.auto` choose the adapters
+    or switch it off."""
+    import os
+    from pathlib import Path
+
+    from .auto import LAUNCHED_VARIABLE
+
+    if not command:
+        print("hfpatch run: expected a command, as in: hfpatch run -- python train.py", file=sys.stderr)
+        return 2
+    bootstrap = str(Path(__file__).resolve().parent / "bootstrap")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([bootstrap, *filter(None, [env.get("PYTHONPATH")])])
+    env[LAUNCHED_VARIABLE] = "1"
+    try:
+        os.execvpe(command[0], list(command), env)
+    except OSError as exc:
+        print(f"hfpatch run: cannot run {command[0]!r}: {exc}", file=sys.stderr)
+        return 127
+
+
+def console() -> None:
+    """The ``hfpatch`` console script: the same commands as ``python -m hfpatch``."""
+    sys.exit(main())

@@ -76,6 +76,7 @@ _states: dict[str, _State] = {}
 _warned: set[str] = set()  # warnings already given in this process
 _open_blocks: set[object] = set()  # tokens of the patched() blocks not exited yet
 _swapped: dict[Callable, Callable] = {}  # forward functions just replaced on a class: old -> new
+_applied_by: list[str] = []  # how apply() was called in this process, when not by the user's code
 
 
 class AdapterStatus(NamedTuple):
@@ -98,10 +99,13 @@ class Status(Mapping):
     :class:`AdapterStatus` (``status()["qwen2"].state``, ``"mamba" in status()``), plus the installed
     ``transformers`` release. ``print()`` it for a table."""
 
-    __slots__ = ("transformers", "_entries")  # a plain class: a dataclass costs ~1 ms at import
+    __slots__ = ("transformers", "applied_by", "_entries")  # a plain class: a dataclass costs ~1 ms
 
-    def __init__(self, transformers: Optional[str], entries: tuple[AdapterStatus, ...]) -> None:
+    def __init__(
+        self, transformers: Optional[str], entries: tuple[AdapterStatus, ...], applied_by: str = ""
+    ) -> None:
         self.transformers = transformers
+        self.applied_by = applied_by  # "import hfpatch.auto", the launcher, or "" (the code's own apply())
         self._entries = {entry.arch: entry for entry in entries}
 
     @property
@@ -134,6 +138,8 @@ class Status(Mapping):
         rows += [(a.arch, a.state, a.support, a.target, a.reason) for a in self.adapters]
         widths = [max(len(row[i]) for row in rows) for i in range(4)]
         lines = [f"transformers {self.transformers or 'not installed'}"]
+        if self.applied_by:
+            lines.append(f"applied by {self.applied_by}")
         lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[4] for row in rows]
         lines.append("Patch before torch.compile, or call torch._dynamo.reset() after apply()/revert().")
         return "\n".join(line.rstrip() for line in lines)
@@ -318,7 +324,13 @@ def status() -> Status:
                 reason = f"runs {adapter.cls}, patched by the {name!r} adapter; {entry.reason}"
                 entries.append(entry._replace(arch=alias, reason=reason))
         entries += [AdapterStatus(u.arch, "", "", u.verdict, u.reason, "") for u in _undeclared.values()]
-        return Status(str(version) if version else None, tuple(entries))
+        return Status(str(version) if version else None, tuple(entries), "; ".join(_applied_by))
+
+
+def applied_by(how: str) -> None:
+    """Record how hfpatch was applied in this process (``hfpatch.auto`` and the launcher say so)."""
+    with _lock:
+        _applied_by.append(how)
 
 
 def _adapter_status(name: str, adapter: Adapter, version: Any) -> AdapterStatus:

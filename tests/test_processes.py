@@ -1,0 +1,145 @@
+"""Every process: ``hfpatch run -- CMD`` applies hfpatch at interpreter start in CMD and every Python
+process it starts (a spawned child, DataLoader workers with the spawn start method, torchrun ranks);
+without the launcher, and without ``apply()`` in the worker, those processes run stock transformers.
+Each worker measures its own padded forward against the unpadded reference."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from conftest import ATOL, FLAGSHIPS, REGISTRY, arch_skip_reason
+
+ARCH = next(a for a in FLAGSHIPS if REGISTRY[a].family.left_padding_wrong_on_stock)
+
+MEASURE = f"""
+def measure():
+    # a worker's own padded forward vs the unpadded reference; hfpatch is imported, never applied here
+    import os
+    import hfpatch
+    from hfpatch import probe
+    model = probe.tiny_model({ARCH!r})
+    scenario = probe.SCENARIOS[0]
+    rows = probe.scenario_rows(scenario)
+    error = probe.max_diff(model, rows, probe.run_batched(model, rows, scenario.chunks, scenario.left))
+    return {{"pid": os.getpid(), "error": error, "applied_by": hfpatch.status().applied_by}}
+"""
+
+SCRIPTS = {
+    "spawn": """
+import json, multiprocessing as mp
+
+def child(queue):
+    queue.put(measure())
+
+if __name__ == "__main__":
+    context = mp.get_context("spawn")
+    queue = context.Queue()
+    process = context.Process(target=child, args=(queue,))
+    process.start()
+    print(json.dumps([queue.get()]))
+    process.join()
+""",
+    "dataloader": """
+import json, torch
+
+class Workers(torch.utils.data.Dataset):
+    def __len__(self):
+        return 2
+    def __getitem__(self, index):
+        return json.dumps(measure())
+
+if __name__ == "__main__":
+    loader = torch.utils.data.DataLoader(
+        Workers(), batch_size=None, num_workers=2, multiprocessing_context="spawn"
+    )
+    print(json.dumps([json.loads(item) for item in loader]))
+""",
+    "torchrun": """
+import json, torch.distributed as dist
+
+if __name__ == "__main__":
+    dist.init_process_group("gloo")
+    results = [None] * dist.get_world_size()
+    dist.all_gather_object(results, measure())
+    if dist.get_rank() == 0:
+        print(json.dumps(results))
+    dist.destroy_process_group()
+""",
+}
+
+
+def _run(tmp_path, kind, launcher):
+    reason = arch_skip_reason(ARCH)
+    if reason:
+        pytest.skip(reason)
+    script = tmp_path / f"{kind}.py"
+    script.write_text(textwrap.dedent(MEASURE) + textwrap.dedent(SCRIPTS[kind]))
+    if kind == "torchrun":
+        torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
+        if torchrun is None:
+            pytest.skip("no torchrun next to this Python")
+        command = [torchrun, "--standalone", "--nproc_per_node=2", str(script)]
+    else:
+        command = [sys.executable, str(script)]
+    if launcher:
+        command = [sys.executable, "-m", "hfpatch", "run", "--", *command]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HFPATCH_")}
+    env.update(OMP_NUM_THREADS="1")
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("kind", list(SCRIPTS))
+def test_launcher_patches_every_process(tmp_path, kind):
+    results = _run(tmp_path, kind, launcher=True)
+    assert len(results) == (1 if kind == "spawn" else 2) and len({r["pid"] for r in results}) == len(results)
+    for result in results:
+        assert result["error"] <= ATOL, result
+        assert "hfpatch run launcher" in result["applied_by"], result
+
+
+@pytest.mark.parametrize("kind", ["spawn", "dataloader"])
+def test_without_the_launcher_workers_run_stock(tmp_path, kind):
+    for result in _run(tmp_path, kind, launcher=False):
+        assert result["error"] > 1e-3 and result["applied_by"] == "", result
+
+
+def test_hfpatch_auto_and_environment(tmp_path):
+    """``import hfpatch.auto`` applies in code; HFPATCH_ARCHS chooses adapters; HFPATCH_DISABLED stops it."""
+    code = "import hfpatch.auto, hfpatch, json; s = hfpatch.status(); "
+    code += f"print(json.dumps([s.applied_by, s[{ARCH!r}].state, s[{FLAGSHIPS[0]!r}].state]))"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HFPATCH_")}
+
+    def state(**extra):
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env={**env, **extra}
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    how, own, first = state()
+    assert how == "import hfpatch.auto" and own != "not applied"
+    how, own, _ = state(HFPATCH_ARCHS=ARCH)
+    assert how.endswith(f"HFPATCH_ARCHS={ARCH}") and own != "not applied"
+    assert state(HFPATCH_DISABLED="1")[:2] == ["", "not applied"]
+
+
+def test_launcher_chains_an_existing_sitecustomize(tmp_path):
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text("import os\nos.environ['THEIRS'] = 'ran'\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HFPATCH_")}
+    env["PYTHONPATH"] = str(tmp_path / "site")
+    code = "import os, hfpatch; print(os.environ.get('THEIRS'), bool(hfpatch.status().applied_by))"
+    done = subprocess.run(
+        [sys.executable, "-m", "hfpatch", "run", "--", sys.executable, "-c", code],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["ran", "True"]
