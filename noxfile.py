@@ -3,6 +3,8 @@
     nox -s matrix                          # every release (hours: see compat/README.md)
     nox -s "matrix(transformers='4.40.2')"  # one release
     python compat/report.py                # compat/results/ -> compat/REPORT.md + compat/summary.json
+    nox -s integrations                    # peft, trl, accelerate, processes (CI runs it)
+    nox -s wheel                           # the built wheel, installed as users install it (CI runs it)
 
 Each session makes (or, with -R, reuses) a virtualenv with torch==2.13.0 (CPU) and that release,
 installs hfpatch from the checkout, runs the test suite (JUnit XML) and the stock-vs-hfpatch case
@@ -81,3 +83,45 @@ def matrix(session: nox.Session, transformers: str) -> None:
 def ci(session: nox.Session, transformers: str) -> None:
     """The CI subset of the matrix: fresh virtualenvs, and any failing test fails the session."""
     _run_release(session, transformers, strict=True)
+
+
+NEWEST = RELEASES[-1]
+INTEGRATIONS = ["peft", "trl", "accelerate"]  # current releases, next to the newest transformers
+
+
+@nox.session(reuse_venv=False)
+def integrations(session: nox.Session) -> None:
+    """hfpatch with the libraries users combine it with, in their own ways of calling the model."""
+    session.install("torch==2.13.0", f"transformers=={NEWEST}", *INTEGRATIONS, "pytest", "hypothesis")
+    session.install("--no-deps", "-e", str(ROOT))
+    session.env.update(OMP_NUM_THREADS="1")
+    session.chdir(ROOT)
+    session.run("python", "-m", "pip", "list", "--format=freeze", silent=False)
+    session.run(
+        "python",
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "tests/integrations",
+        "tests/test_processes.py",
+    )
+
+
+@nox.session(reuse_venv=False)
+def wheel(session: nox.Session) -> None:
+    """Build the wheel, install it (not editable) in a fresh virtualenv, run the doctor and the
+    launcher from outside the checkout: a module or data file left out of the package fails here."""
+    import tempfile
+
+    session.install("build")
+    out = Path(tempfile.mkdtemp(prefix="hfpatch-wheel-"))
+    session.run("python", "-m", "build", "--wheel", "--outdir", str(out), str(ROOT))
+    wheels = sorted(out.glob("hfpatch-*.whl"))
+    session.install("torch==2.13.0", f"transformers=={NEWEST}", str(wheels[-1]))
+    session.chdir(out)  # not the checkout: the installed package is what runs
+    session.run("python", "-m", "hfpatch")
+    session.run("hfpatch", "verify", "qwen2", "--no-static")
+    check = "import hfpatch; how = hfpatch.status().applied_by; assert 'launcher' in how, how; print(how)"
+    session.run("hfpatch", "run", "--", "python", "-c", check)
