@@ -157,9 +157,10 @@ def static_cache(model: Any, batch: int, length: int, device: str = "cpu") -> An
 
 
 def output_cache(output: Any) -> Any:
-    """The cache a forward call returned, from ``.cache`` (5.24+) or ``.past_key_values``."""
-    cache = output.get("cache")
-    return cache if cache is not None else output.get("past_key_values")
+    """The cache a forward call returned, from ``.cache`` (5.24+) or ``.past_key_values`` (read as
+    keys: 5.24's ``past_key_values`` property logs a deprecation)."""
+    keys = output.keys()
+    return next((output[key] for key in ("cache", "past_key_values") if key in keys), None)
 
 
 def run_alone(model: Any, tokens: Sequence[int]) -> torch.Tensor:
@@ -342,6 +343,8 @@ def verify(model: Union[str, os.PathLike, Any], static: bool = True) -> Verifica
         notes.append(entry.reason)
     probes = _scenarios(model, static and adapter is not None)
     rows = [_run_scenario(model, adapter, probe) for probe in probes]
+    if len(probes) < len(SCENARIOS):
+        notes.append("the model returns no KV cache to continue from: the cached scenarios are not probed")
     if adapter is None:
         state = entry.state if entry is not None else "unknown to hfpatch"
         if "position_ids" in inspect.signature(model.forward).parameters:
@@ -395,7 +398,7 @@ class _Probe(NamedTuple):
 
 
 def _scenarios(model: Any, static: bool) -> list[_Probe]:
-    name = cache_kwarg(model)
+    name = cache_kwarg(model) if _returns_a_cache(model) else None
     probes = [_Probe(s.name, s, None, None) for s in SCENARIOS if name is not None or not s.cached]
     if static and name is not None and _takes_static_cache(model):
         variable = SCENARIOS[2]
@@ -403,6 +406,15 @@ def _scenarios(model: Any, static: bool) -> list[_Probe]:
             _Probe(f"{variable.name}, StaticCache", variable, lambda: static_cache(model, 3, 16), 16)
         )
     return probes
+
+
+def _returns_a_cache(model: Any) -> bool:
+    """The model hands back a KV cache to continue from (some keep their state inside instead)."""
+    name = cache_kwarg(model)
+    if name is None:
+        return False
+    with torch.no_grad():
+        return output_cache(model(input_ids=torch.tensor([[5, 6]]), use_cache=True)) is not None
 
 
 def _takes_static_cache(model: Any) -> bool:

@@ -10,6 +10,10 @@ ROTARY = Family(
 )
 
 SDPA_436 = (">=4.36,<4.38", "_use_sdpa")  # transformers' _unmask_unattended: see Adapter.eager_mask
+RECURRENT_STATE = (
+    "keeps a recurrent state inside the model and returns no KV cache: a padded batch in one call is "
+    "fixed (its recurrence restarts where position_ids are 0); a padded prefix continued later is not"
+)
 LLAMA4_NOPE = (
     "NoPE layers with attention temperature tuning (floor_scale) read positions from the cache length, "
     "not position_ids: left padding stays slightly wrong there (9e-3 on a tiny model)"
@@ -115,6 +119,7 @@ ADAPTERS = register_all(
     Adapter("olmo3", "Olmo3Model", ROTARY, "4.57"),
     Adapter("olmoe", "OlmoeModel", ROTARY, "4.45"),
     Adapter("persimmon", "PersimmonModel", ROTARY, "4.34"),
+    Adapter("recurrent_gemma", "RecurrentGemmaModel", ROTARY, "5.24", limits=(RECURRENT_STATE,), tiny=(("lru_width", 64), ("block_types", ["recurrent", "attention"]), ("attention_window_size", 64))),
     Adapter("fuyu", "FuyuModel", ROTARY, "4.52"),  # multimodal: counts positions itself
     Adapter("phi", "PhiModel", ROTARY, "4.36"),
     Adapter("phi3", "Phi3Model", ROTARY, "4.41"),

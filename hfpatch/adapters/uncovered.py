@@ -50,8 +50,6 @@ UNDECLARED = declare_all(
     Undeclared("blt", NOT_FIXABLE, "hash n-gram byte embeddings see pads (and cached calls fail upstream on 5.24)"),
     Undeclared("cpmant", NOT_FIXABLE, "CPM-Ant ignores attention_mask: even right padding in one call is wrong"),
     Undeclared("reformer", NOT_FIXABLE, "axial position embeddings fail on positions that are not one increasing run"),
-    Undeclared("recurrent_gemma", NOT_COVERED, "keeps its recurrent state and cache inside the modules: hfpatch cannot see "
-               "how many tokens a call continues (explicit position_ids fix left padding in one call)"),
     Undeclared("gemma3n", NOT_COVERED, "not measured (its vision tower needs timm); its text model, gemma3n_text, is patched"),
     Undeclared("gemma4_assistant", NOT_COVERED, "a drafter that needs the target model's states: not a standalone LM"),
     Undeclared("gemma4_unified_assistant", NOT_COVERED, "a drafter that needs the target model's states: not a standalone LM"),
