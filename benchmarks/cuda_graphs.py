@@ -15,7 +15,7 @@ import sys
 import torch
 
 import hfpatch
-from hfpatch import doctor
+from hfpatch import probe
 
 
 def greedy(
@@ -23,10 +23,10 @@ def greedy(
 ) -> torch.Tensor:
     """Prefill eagerly, then ``steps`` single-token calls of ``forward`` with a full-length mask."""
     batch, length = prompt.shape
-    cache = doctor.static_cache(model, batch, capacity, device="cuda")
+    cache = probe.static_cache(model, batch, capacity, device="cuda")
     full = torch.zeros(batch, capacity, dtype=torch.long, device="cuda")
     full[:, :length] = mask
-    name = doctor.cache_kwarg(model)
+    name = probe.cache_kwarg(model)
     with torch.no_grad():
         out = model(input_ids=prompt, attention_mask=full, use_cache=True, **{name: cache})
         tokens = [out.logits[:, -1:].argmax(-1)]
@@ -44,8 +44,8 @@ def main() -> int:
     hfpatch.apply()
     failed = False
     for arch in ("gpt2", "llama", "gemma"):
-        model = doctor.tiny_model(arch).cuda()
-        prompt = torch.randint(1, doctor.VOCAB, (3, 10), device="cuda")
+        model = probe.tiny_model(arch).cuda()
+        prompt = torch.randint(1, probe.VOCAB, (3, 10), device="cuda")
         mask = torch.ones(3, 10, dtype=torch.long, device="cuda")
         mask[0, :4] = 0  # left padding
         mask[1, :2] = 0
