@@ -14,7 +14,7 @@ ADAPTERS = register_all(
         "gpt2", "GPT2Model", ABSOLUTE, "4.20", aliases=("gpt-sw3",), flagship=True,
         multiple_choice="GPT2DoubleHeadsModel",
     ),
-    Adapter("gpt_bigcode", "GPTBigCodeModel", ABSOLUTE, "4.28"),
+    Adapter("gpt_bigcode", "GPTBigCodeModel", ABSOLUTE, "4.39"),
     Adapter("gpt_neo", "GPTNeoModel", ABSOLUTE, "4.20", tiny=(("attention_types", [[["global", "local"], 1]]),)),
     Adapter("openai-gpt", "OpenAIGPTModel", ABSOLUTE, "4.20", package="openai"),
     Adapter("xglm", "XGLMModel", ABSOLUTE, "4.29"),
