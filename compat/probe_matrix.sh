@@ -19,7 +19,7 @@ for release in "${releases[@]}"; do
                 "$venv/bin/pip" install -q "huggingface_hub<1.0" regex requests pyyaml tqdm filelock numpy ;;
     *) "$venv/bin/pip" install -q "transformers==$release" ;;
   esac
-  if OMP_NUM_THREADS=1 "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/test_architectures.py \
+  if OMP_NUM_THREADS=1 "$venv/bin/python" -m pytest -q -p no:cacheprovider --tb=short tests/test_architectures.py \
       --junitxml="compat/results/probe/$release.xml" >"compat/results/logs/probe-$release.log" 2>&1; then
     echo "$release ok"
   else
