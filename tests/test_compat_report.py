@@ -109,4 +109,4 @@ def test_probed_range_matches_the_report(name, model_type):
     if below is not None and not alias:  # the class passes there: its own type, and its aliases that ship
         others = [probe_verdict(dict(probed)[below].get(t, {})) for t in adapter.aliases]
         passes = verdicts[below] == "pass" and all(v in ("pass", "absent") for v in others)
-        assert not passes, f"{model_type} passes the probe on {below}, below {adapter.versions}: widen the range"
+        assert not passes, f"{model_type} passes the probe on {below}, below {adapter.versions}: widen it"
