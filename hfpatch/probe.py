@@ -236,12 +236,13 @@ class Scenario(NamedTuple):
     chunks: tuple[tuple[int, ...], ...]
     left: tuple[tuple[bool, ...], ...]
     cached: bool = True  # more than one call: needs a KV cache
+    holes: bool = True  # pads between real tokens (else only before them: RoPE is blind to that shift)
 
 
 SCENARIOS = (
     # transformers #18104: a right-padded cached prefix, then one more token per row
     Scenario("right-padded prefix + 1 token", (4, 5), ((3, 4), (1, 1)), ((False, False), (False, False))),
-    Scenario("left padding, one call", (3, 6), ((3, 6),), ((True, True),), cached=False),
+    Scenario("left padding, one call", (3, 6), ((3, 6),), ((True, True),), cached=False, holes=False),
     Scenario(
         "variable prefixes and suffixes",
         (5, 5, 3),
@@ -249,7 +250,9 @@ SCENARIOS = (
         ((False,) * 3, (False, True, False)),
     ),
     # a left-padded prompt in the cache, continued by several tokens (4.36-4.37's SDPA mask code)
-    Scenario("left-padded prefix + 2 tokens", (4, 6), ((2, 4), (2, 2)), ((True, True), (False, False))),
+    Scenario(
+        "left-padded prefix + 2 tokens", (4, 6), ((2, 4), (2, 2)), ((True, True), (False, False)), holes=False
+    ),
 )
 
 
