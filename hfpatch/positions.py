@@ -72,9 +72,10 @@ def new_token_positions(
         >>> new_token_positions(mask, 1)
         tensor([[3]])
     """
-    if isinstance(slots, torch.Tensor):
-        positions = positions_from_mask(attention_mask)
-        return positions.index_select(1, slots.reshape(-1).to(positions.device))
+    if isinstance(slots, torch.Tensor):  # columns given by index (a full-length static-cache mask)
+        real = attention_mask != 0
+        index = slots.reshape(-1).to(real.device)
+        return (real.cumsum(-1).index_select(1, index) - 1) * real.index_select(1, index)
     start = attention_mask.shape[1] - num_new if slots is None else slots
     # the same numbers as positions_from_mask(mask)[:, start:start + num_new], in fewer kernels (this runs
     # at every decode step): real tokens before the new ones, plus the running count among them
