@@ -125,26 +125,30 @@ def eager_decode_steps(prompt: int) -> list[str]:
         model = small_model(arch)
         for batch, kind in ((1, "DynamicCache"), (8, "DynamicCache"), (8, "StaticCache")):
             rows.append(_decode_row(model, arch, batch, prompt, kind))
+        rows.append(_decode_row(model, arch, 8, prompt, "DynamicCache", control=True))
     return rows
 
 
-def _decode_row(model: Any, arch: str, batch: int, prompt: int, kind: str) -> str:
+def _decode_row(model: Any, arch: str, batch: int, prompt: int, kind: str, control: bool = False) -> str:
+    """One row: side 0 lets hfpatch derive the positions, side 1 passes them by hand. ``control``:
+    both sides pass them by hand (an A/A run: the noise floor of the ratio)."""
     static = kind == "StaticCache"
     ids, mask = padded_batch(batch, prompt)
     name = probe.cache_kwarg(model)
     capacity = prompt + 2 * REPEATS + 16
-    runs = {}
-    for by_hand in (False, True):
+    by_hand = (control, True)
+    runs = []
+    for _ in by_hand:
         cache = probe.static_cache(model, batch, capacity) if static else None
         full = torch.zeros(batch, capacity if static else prompt, dtype=torch.long)
         full[:, :prompt] = mask
         with torch.no_grad():
             out = model(input_ids=ids, attention_mask=full, use_cache=True, **{name: cache})
-        runs[by_hand] = {"cache": probe.output_cache(out), "full": full, "filled": prompt}
+        runs.append({"cache": probe.output_cache(out), "full": full, "filled": prompt})
     token = torch.ones(batch, 1, dtype=torch.long)
 
-    def prepare(by_hand: bool) -> dict:  # outside the timing
-        run = runs[by_hand]
+    def prepare(side: int) -> dict:  # outside the timing
+        run = runs[side]
         if static:
             run["full"][:, run["filled"]] = 1
             call_mask, upto = run["full"], run["filled"] + 1
@@ -152,40 +156,46 @@ def _decode_row(model: Any, arch: str, batch: int, prompt: int, kind: str) -> st
             call_mask = torch.cat([run["full"], torch.ones(batch, 1, dtype=torch.long)], dim=1)
             upto = prompt + 1
         kwargs = {"input_ids": token, "attention_mask": call_mask, "use_cache": True, name: run["cache"]}
-        if by_hand:
+        if by_hand[side]:
             kwargs["position_ids"] = positions_from_mask(call_mask[:, :upto])[:, upto - 1 : upto]
         return kwargs
 
-    def finish(by_hand: bool) -> None:  # outside the timing
-        run = runs[by_hand]
+    def finish(side: int) -> None:  # outside the timing
+        run = runs[side]
         if static:
             run["filled"] += 1
         else:
             run["cache"].crop(-1)  # drop the step just taken
 
-    times: dict = {False: [], True: []}
+    times: list = [[], []]
     ratios = []
     for i in range(REPEATS + 3):
-        pair = {}
-        for by_hand in (False, True) if i % 2 == 0 else (True, False):
-            kwargs = prepare(by_hand)
+        pair = [0.0, 0.0]
+        for side in (0, 1) if i % 2 == 0 else (1, 0):
+            kwargs = prepare(side)
             with torch.no_grad():
                 start = time.perf_counter()
                 model(**kwargs)
-                pair[by_hand] = time.perf_counter() - start
-            finish(by_hand)
+                pair[side] = time.perf_counter() - start
+            finish(side)
         if i >= 3:  # warm-up
-            times[False].append(pair[False])
-            times[True].append(pair[True])
-            ratios.append(pair[False] / pair[True])
-    ms_a, ms_b = statistics.median(times[False]) * 1e3, statistics.median(times[True]) * 1e3
-    kwargs = prepare(False)
-    us = _own_work_us(arch, model.base_model, kwargs)
-    finish(False)
+            times[0].append(pair[0])
+            times[1].append(pair[1])
+            ratios.append(pair[0] / pair[1])
+    ms_a, ms_b = statistics.median(times[0]) * 1e3, statistics.median(times[1]) * 1e3
     ratio = statistics.median(ratios)
+    low, _, high = statistics.quantiles(ratios, n=4)
+    if control:
+        return (
+            f"| {arch} (A/A: by hand vs by hand) | {kind} | {batch} x 1 (after {prompt}) | {ms_a:.3f} | "
+            f"{ms_b:.3f} | **{ratio:.3f}** ({low:.2f}-{high:.2f}) | - |"
+        )
+    kwargs = prepare(0)
+    us = _own_work_us(arch, model.base_model, kwargs)
+    finish(0)
     return (
         f"| {arch} | {kind} | {batch} x 1 (after {prompt}) | {ms_a:.3f} | {ms_b:.3f} | **{ratio:.3f}** "
-        f"| {us:.0f} ({100 * us / (ms_b * 1000):.1f} %) |"
+        f"({low:.2f}-{high:.2f}) | {us:.0f} ({100 * us / (ms_b * 1000):.1f} %) |"
     )
 
 
@@ -353,7 +363,9 @@ def main() -> None:
         "Target: ratio <= 1.01 and hfpatch's own work <= 25 µs a call. One new token a call after 128",
         "cached (left-padded prompt), mask given (past + new; a StaticCache gets its full-length mask),",
         "4 layers, hidden 256, eager, one thread. Only the forward call is timed; the cache is cropped",
-        "back (DynamicCache) or the next step taken (StaticCache) outside the timing.",
+        "back (DynamicCache) or the next step taken (StaticCache) outside the timing. The ratio is the",
+        "median of the per-step ratios (their interquartile range in brackets); the A/A rows run the",
+        "same call on both sides: the noise floor of that median.",
         "",
         "| model | cache | batch x tokens | derived (ms) | by hand (ms) | ratio "
         "| hfpatch's own work, timed alone: µs (share of the call) |",
