@@ -61,8 +61,8 @@ def _accepts(model_id: int, kind: str) -> str | None:
             return f"a StaticCache object as the cache argument needs 4.41+ (installed: {TF})"
     elif not hasattr(transformers, "DynamicCache"):
         return f"Cache objects first shipped in 4.36 (installed: {TF})"
-    cache = make_static_cache(model, 1, 8) if kind == "static" else make_dynamic_cache(model)
     try:
+        cache = make_static_cache(model, 1, 8) if kind == "static" else make_dynamic_cache(model)
         with stock(), torch.no_grad():
             model(input_ids=torch.tensor([[5, 6]]), use_cache=True, **{cache_kw(model): cache})
     except Exception as exc:  # noqa: BLE001 - what stock transformers says is the fact to report
