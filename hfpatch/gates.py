@@ -263,7 +263,10 @@ def _renamed_from(forward: Callable, new_name: Optional[str]) -> Optional[str]:
         code = getattr(function, "__code__", None)
         if code is not None and {"old_name", "new_name"} <= set(code.co_freevars):
             cells = dict(zip(code.co_freevars, function.__closure__ or ()))
-            old, new = (cells[name].cell_contents for name in ("old_name", "new_name"))
+            try:
+                old, new = (cells[name].cell_contents for name in ("old_name", "new_name"))
+            except (KeyError, ValueError):  # an empty cell: not the decorator we know
+                old = new = None
             if new == new_name and old in CACHE_NAMES:
                 return old
         function = getattr(function, "__wrapped__", None)
