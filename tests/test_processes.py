@@ -69,6 +69,7 @@ if __name__ == "__main__":
     dist.all_gather_object(results, measure())
     if dist.get_rank() == 0:
         print(json.dumps(results))
+    dist.barrier()  # every rank done before the group goes: gloo aborts a rank torn down mid-exchange
     dist.destroy_process_group()
 """,
 }
