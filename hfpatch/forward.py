@@ -165,7 +165,10 @@ def _fill(
             past: Past = _growing_past(static, num_new, mask_len if derive_positions else None)
         else:
             past = _static_past(static, capacity, num_new, mask_len, derive_positions)
-        slots = past if isinstance(past, int) else cache_positions(num_new, past)
+        if isinstance(past, int):
+            slots = past
+        else:  # a static cache's fill level, a 0-d tensor: one new token's slot is the level itself
+            slots = past.reshape(1) if num_new == 1 else cache_positions(num_new, past)
         if derive_slots:
             kwargs["cache_position"] = cache_positions(num_new, past, tokens.device)
         if counted:
