@@ -93,6 +93,7 @@ INTEGRATIONS = ["peft", "trl", "accelerate"]  # current releases, next to the ne
 def integrations(session: nox.Session) -> None:
     """hfpatch with the libraries users combine it with, in their own ways of calling the model."""
     session.install("torch==2.13.0", f"transformers=={NEWEST}", *INTEGRATIONS, "pytest", "hypothesis")
+    session.install("wrapt", "packaging")
     session.install("--no-deps", "-e", str(ROOT))
     session.env.update(OMP_NUM_THREADS="1")
     session.chdir(ROOT)
