@@ -242,13 +242,18 @@ def revert(archs: Archs = None) -> Status:
     """Restore the exact original ``forward`` function objects of every adapter (or the named ones),
     whoever applied them."""
     with _lock:
-        for name in _select(archs):
-            state = _states[name]
-            state.pinned = False
-            state.holders.clear()
-            _uninstall(state)
+        _unwant(_select(archs))
         _rebind_hooked()
         return status()
+
+
+def _unwant(names: list[str]) -> None:
+    """Nothing pins or holds these adapters any more, and their patches are gone."""
+    for name in names:
+        state = _states[name]
+        state.pinned = False
+        state.holders.clear()
+        _uninstall(state)
 
 
 @contextlib.contextmanager
@@ -291,11 +296,7 @@ def unpatched(archs: Archs = None) -> Iterator[Status]:
     with _lock:
         names = _select(archs)
         saved = {name: (_states[name].pinned, set(_states[name].holders)) for name in names}
-        for name in names:  # unwanted, so that an import inside the block is not patched by its hook
-            state = _states[name]
-            state.pinned = False
-            state.holders.clear()
-            _uninstall(state)
+        _unwant(names)  # so that an import inside the block is not patched by its hook
         _rebind_hooked()
         result = status()
     try:
