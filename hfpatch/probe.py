@@ -326,9 +326,10 @@ def verify(model: Union[str, os.PathLike, Any], static: bool = True) -> Verifica
     """Probe ``model`` for the padding and KV-cache bug, stock vs hfpatch.
 
     ``model`` is a causal-LM instance, a local checkpoint directory (loaded with ``from_pretrained``),
-    or a model type (``"qwen2"``: built tiny from its config). The scenarios: left padding in one call,
-    a right-padded cached prefix + 1 token, variable prefixes and suffixes, and the last one again
-    with a ``StaticCache`` where the model takes one. Each is run on stock transformers and with
+    or a model type (``"qwen2"``: built tiny from its config). The scenarios (:data:`SCENARIOS`): left
+    padding in one call, a right-padded cached prefix + 1 token, variable prefixes and suffixes, a
+    left-padded cached prefix + 2 tokens, and the variable one again with a ``StaticCache`` where the
+    model takes one (cached ones only where the model returns a cache). Each is run on stock and with
     hfpatch applied to this model's adapter (then the state found is restored), and every real token's
     logits are compared with its row run alone. Works for any causal LM: for one hfpatch does not
     patch, the patched column says what positions from the mask would give (explicit ``position_ids``).
@@ -357,7 +358,7 @@ def verify(model: Union[str, os.PathLike, Any], static: bool = True) -> Verifica
     else:
         state = entry.state
         if state != engine.APPLIED:
-            notes.append(f"the {adapter.arch!r} adapter is {state} here: the probe applied it for its column")
+            notes.append(f"the {adapter.arch!r} adapter is {state} here: its column is what patched() gives")
     return Verification(model_type, state, tuple(rows), tuple(notes))
 
 
