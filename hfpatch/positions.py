@@ -29,7 +29,11 @@ __all__ = [
 
 
 def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Position of every column of a 2-D mask: ``cumsum - 1`` over real tokens, pads get 0.
+    """Position of every column of a 2-D mask: ``cumsum - 1`` over real tokens.
+
+    A pad gets the position of the last real token before it in its row (0 if none): its own
+    position never matters (it is masked out), and this way it is never larger than a real one,
+    which keeps rope variants that read ``position_ids.max()`` (dynamic NTK, longrope) as unpadded.
 
     Args:
         attention_mask: ``[batch, length]``, any dtype, 1 (or True) for real tokens, 0 for pads.
@@ -40,10 +44,9 @@ def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     Example:
         >>> positions_from_mask(torch.tensor([[0, 0, 1, 1, 1], [1, 1, 0, 1, 0]]))
         tensor([[0, 0, 0, 1, 2],
-                [0, 1, 0, 2, 0]])
+                [0, 1, 1, 2, 2]])
     """
-    real = attention_mask != 0
-    return (real.long().cumsum(-1) - 1).masked_fill(~real, 0)
+    return (attention_mask != 0).cumsum(-1).sub_(1).clamp_(min=0)
 
 
 def new_token_positions(
@@ -51,7 +54,9 @@ def new_token_positions(
     num_new: int,
     slots: Optional[Union[int, torch.Tensor]] = None,
 ) -> torch.Tensor:
-    """Positions of the ``num_new`` tokens of this call, from a mask that spans past and new tokens.
+    """Positions of the ``num_new`` tokens of this call, from a mask that spans past and new tokens:
+    the same numbers as :func:`positions_from_mask` at their columns, in fewer kernels (this runs at
+    every decode step).
 
     Args:
         attention_mask: ``[batch, length]``; columns are cache slots.
@@ -72,20 +77,18 @@ def new_token_positions(
         >>> new_token_positions(mask, 1)
         tensor([[3]])
     """
-    if isinstance(slots, torch.Tensor):  # columns given by index (a full-length static-cache mask)
-        real = attention_mask != 0
-        index = slots.reshape(-1).to(real.device)
-        return (real.cumsum(-1).index_select(1, index) - 1) * real.index_select(1, index)
-    start = attention_mask.shape[1] - num_new if slots is None else slots
-    # the same numbers as positions_from_mask(mask)[:, start:start + num_new], in fewer kernels (this runs
-    # at every decode step): real tokens before the new ones, plus the running count among them
     real = attention_mask != 0
-    if num_new == 1:  # a decode step
-        upto = real if start + 1 == real.shape[1] else real[:, : start + 1]
-        return (upto.sum(-1, keepdim=True) - 1) * upto[:, -1:]
-    new = real[:, start : start + num_new]
-    before = real[:, :start].sum(-1, keepdim=True)
-    return (before + new.cumsum(-1) - 1) * new
+    if isinstance(slots, torch.Tensor):  # columns given by index (a full-length static-cache mask)
+        index = slots if slots.dim() == 1 else slots.reshape(-1)
+        index = index if index.device == real.device else index.to(real.device)
+        count = real.cumsum(-1).index_select(1, index)
+    else:  # real tokens up to each new column: a sum for a decode step, else the ones before + a cumsum
+        start = attention_mask.shape[1] - num_new if slots is None else slots
+        if num_new == 1:
+            count = (real if start + 1 == real.shape[1] else real[:, : start + 1]).sum(-1, keepdim=True)
+        else:
+            count = real[:, :start].sum(-1, keepdim=True) + real[:, start : start + num_new].cumsum(-1)
+    return count.sub_(1).clamp_(min=0)
 
 
 def cache_positions(

@@ -16,12 +16,44 @@ def test_docstring_examples():
 
 def test_positions_skip_pads_and_holes():
     mask = torch.tensor([[1, 1, 0, 0, 1, 1], [0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]], dtype=torch.bool)
-    assert positions_from_mask(mask).tolist() == [[0, 1, 0, 0, 2, 3], [0, 0, 1, 2, 3, 4], [0, 1, 2, 3, 4, 5]]
+    # a pad takes the position of the last real token before it (0 before the first)
+    assert positions_from_mask(mask).tolist() == [[0, 1, 1, 1, 2, 3], [0, 0, 1, 2, 3, 4], [0, 1, 2, 3, 4, 5]]
 
 
 def test_float_mask_and_all_pad_row():
     mask = torch.tensor([[0.0, 0.0, 0.0], [1.0, 0.0, 1.0]])
     assert positions_from_mask(mask).tolist() == [[0, 0, 0], [0, 0, 1]]
+
+
+def _reference_positions(row: list) -> list:
+    """Written out by hand: the running count of real tokens minus one; a pad repeats the last one."""
+    out, seen = [], 0
+    for value in row:
+        seen += value != 0
+        out.append(max(seen - 1, 0))
+    return out
+
+
+def test_every_form_agrees_with_a_loop_over_random_masks():
+    """positions_from_mask against a plain loop; new_token_positions (a decode step, several tokens,
+    by int start and by slot tensor, on masks with holes and with columns after the new tokens)
+    against positions_from_mask at the same columns."""
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        batch, length = torch.randint(1, 5, (2,), generator=generator).tolist()
+        length += 3
+        mask = (torch.rand(batch, length, generator=generator) < 0.7).long()
+        full = positions_from_mask(mask)
+        assert full.tolist() == [_reference_positions(row) for row in mask.tolist()]
+        for num_new in (0, 1, 2, 3):
+            for start in range(length - num_new + 1):
+                expected = full[:, start : start + num_new].tolist()
+                assert new_token_positions(mask, num_new, start).tolist() == expected
+                slots = torch.arange(start, start + num_new)
+                assert new_token_positions(mask, num_new, slots).tolist() == expected
+            upto = length - 1  # the usual mask, past + new: the new tokens are its last columns
+            expected = full[:, upto - num_new : upto].tolist()
+            assert new_token_positions(mask[:, :upto], num_new).tolist() == expected
 
 
 def test_new_token_positions_by_slot():
