@@ -31,6 +31,7 @@ from hfpatch.positions import positions_from_mask
 
 REPEATS = 101
 DECODE_STEPS = 1001  # one step's ratio varies by ~5 %: 1001 steps pin the median to ~0.2 %
+COLD_CALLS = 301  # hfpatch's own work timed right after a decode step
 STATIC_CYCLE = 100  # a StaticCache row re-runs its prompt (outside the timing) every 100 steps
 ROOT = Path(__file__).resolve().parent
 
@@ -103,12 +104,17 @@ def _eager_padded_row(arch: str, batch: int, length: int) -> str:
     )
 
 
-def _own_work_us(arch: str, base: Any, kwargs: dict) -> float:
-    """What hfpatch adds to one call, timed alone: the patched forward with a no-op model behind it
-    (argument handling + deriving positions from the mask), median over 1000 calls, in µs."""
+def _own_forward(arch: str, base: Any) -> Callable[..., Any]:
+    """The patched forward with a no-op model behind it: what hfpatch adds to a call (argument
+    handling + deriving positions from the mask), and nothing else."""
     adapter = hfpatch.registry()[arch]
     plan = gates.read_plan(adapter, type(base).forward.__wrapped__)  # the original (functools.wraps)
-    own = make_forward(adapter, lambda self, **kwargs: kwargs, plan)
+    return make_forward(adapter, lambda self, **kwargs: kwargs, plan)
+
+
+def _own_work_us(arch: str, base: Any, kwargs: dict) -> float:
+    """hfpatch's own work, timed alone: median over 1000 back-to-back calls (hot caches), in µs."""
+    own = _own_forward(arch, base)
     times = []
     for _ in range(1000):
         start = time.perf_counter()
@@ -196,14 +202,30 @@ def _decode_row(model: Any, arch: str, batch: int, prompt: int, kind: str, contr
     if control:
         return (
             f"| {arch} (A/A: by hand vs by hand) | {kind} | {batch} x 1 (after {prompt}) | {ms_a:.3f} | "
-            f"{ms_b:.3f} | **{ratio:.3f}** ({low:.2f}-{high:.2f}) | - |"
+            f"{ms_b:.3f} | **{ratio:.3f}** ({low:.2f}-{high:.2f}) | - | - | - |"
         )
     kwargs = prepare(0)
-    us = _own_work_us(arch, model.base_model, kwargs)
-    finish()
+    hot = _own_work_us(arch, model.base_model, kwargs)
+    # the same work where it runs in a decode loop: right after a model step, whose weights and
+    # kernels have pushed hfpatch's code and data out of the CPU caches
+    # kernels have pushed hfpatch's code and data out of the CPU caches; and, for scale, a single
+    # tensor op there (a sum over the mask: less than any derivation of positions needs)
+    own, cold, one_op = _own_forward(arch, model.base_model), [], []
+    for i in range(2 * COLD_CALLS):
+        with torch.no_grad():
+            model(**prepare(1))  # untimed
+        finish()
+        kwargs = prepare(0)
+        start = time.perf_counter()
+        if i % 2:
+            kwargs["attention_mask"].sum(-1, keepdim=True)
+        else:
+            own(model.base_model, **kwargs)
+        (one_op if i % 2 else cold).append(time.perf_counter() - start)
+    us, op_us = statistics.median(cold) * 1e6, statistics.median(one_op) * 1e6
     return (
         f"| {arch} | {kind} | {batch} x 1 (after {prompt}) | {ms_a:.3f} | {ms_b:.3f} | **{ratio:.3f}** "
-        f"({low:.2f}-{high:.2f}) | {us:.0f} ({100 * us / (ms_b * 1000):.1f} %) |"
+        f"({low:.2f}-{high:.2f}) | {hot:.0f} | {us:.0f} ({100 * us / (ms_b * 1000):.1f} %) | {op_us:.0f} |"
     )
 
 
@@ -375,10 +397,14 @@ def main() -> None:
         f"every {STATIC_CYCLE} steps) outside the timing. {DECODE_STEPS} steps a row, interleaved, on one",
         "cache shared by both sides; the ratio is the median of the per-step ratios (their interquartile",
         "range in brackets); the A/A rows run the same call on both sides: the noise floor of that median.",
+        "hfpatch's own work (the patched forward in front of a no-op model) is timed twice: alone, back to",
+        "back (hot CPU caches), and right after an untimed model step, as it runs in a decode loop (cold:",
+        "the step's weights and kernels have evicted its code and data). The last column is one tensor",
+        "op (a sum over the mask) timed the same cold way: the unit every eager derivation pays per op.",
         "",
-        "| model | cache | batch x tokens | derived (ms) | by hand (ms) | ratio "
-        "| hfpatch's own work, timed alone: µs (share of the call) |",
-        "|---|---|---|---|---|---|---|",
+        "| model | cache | batch x tokens | derived (ms) | by hand (ms) | ratio | own work, hot: µs "
+        "| own work after a step: µs (share of the call) | one tensor op after a step: µs |",
+        "|---|---|---|---|---|---|---|---|---|",
         *eager_decode_steps(128),
     ]
     lines += [
