@@ -12,6 +12,7 @@ venv=${PROBE_VENV:-.nox/probe}
 [ -x "$venv/bin/python" ] || { python3 -m venv "$venv" && "$venv/bin/pip" install -q torch==2.13.0 wrapt packaging pytest hypothesis; }
 "$venv/bin/pip" install -q --no-deps --force-reinstall .
 mkdir -p compat/results/probe compat/results/logs
+git rev-parse --short HEAD > compat/results/probe/COMMIT 2>/dev/null || true  # the code this run tests
 for release in "${releases[@]}"; do
   case $release in  # 4.20-4.25 pin tokenizers<0.13, which has no wheel for Python 3.11 (see noxfile.py)
     4.2[0-5].*) "$venv/bin/pip" uninstall -q -y tokenizers  # a newer one fails transformers' import check

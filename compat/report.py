@@ -4,7 +4,9 @@
 
 Two kinds of results per release: the full test suite on the flagship architectures (JUnit XML and
 case counts, from ``nox -s matrix``), and the architecture probe (``compat/results/probe/``, from
-``compat/probe_matrix.sh``: ``hfpatch.verify`` on every covered model type the release ships).
+``compat/probe_matrix.sh``: ``hfpatch.verify`` on every covered model type the release ships, in
+its declared range or not). The full suite includes the probe for the model types in range; where
+it ran them, its results replace the probe run's (they are the newer).
 
 Full suite: each test belongs to one invariant (by module and name) and, through its parameter id,
 to one architecture. A cell is ``pass`` when every test of it passed (some may skip), ``FAIL`` when
@@ -143,6 +145,11 @@ def build() -> dict:
         probe = HERE / "results" / "probe" / f"{release}.xml"
         if probe.exists():
             entry["probe"] = read_probe(probe)
+        if junit.exists():  # the full suite runs the probe too, inside the declared ranges: newer evidence
+            for model_type, runs in read_probe(junit).items():
+                for attention, run in runs.items():
+                    if run["outcome"] != "skip":
+                        entry.setdefault("probe", {}).setdefault(model_type, {})[attention] = run
         summary[release] = entry
     return summary
 
@@ -184,6 +191,7 @@ def render(summary: dict) -> str:
         "(the full test suite on the flagship architectures: one virtualenv per release with torch 2.13.0",
         "CPU, the `matrix` hypothesis profile, no inductor test, one torch thread) and",
         "`bash compat/probe_matrix.sh` (`hfpatch.verify` on every covered model type). Do not edit by hand.",
+        f"Code tested: full suite at commit {_commit('results')}, probe at {_commit('results/probe')}.",
         "",
         headline,
         "",
@@ -265,6 +273,8 @@ def _render_probe(summary: dict) -> list[str]:
         f"`hfpatch.verify` on a tiny random model of each covered model type, eager and SDPA attention, on "
         f"{len(probed)} releases ({probed[0]} to {newest}): left padding, a right-padded cached prefix + 1 "
         "token, variable prefixes and suffixes (dynamic cache, and a StaticCache where the model takes one). "
+        "In a declared range a cell comes from the full suite's run (which includes the probe) where it ran "
+        "it, below a range from the probe run. "
         "*ships*: the matrix releases that have it; *exact*: of those in the declared range, how many "
         f"pass (every real token within 1e-5 of its row run alone); stock and hfpatch: the largest "
         f"max|diff| over the scenarios on {newest}.",
@@ -311,6 +321,11 @@ def _render_probe(summary: dict) -> list[str]:
                 cells += [", ".join(failing) or "-", _num(stock), _num(fixed)]
                 lines.append("| " + " | ".join(cells) + " |")
     return lines
+
+
+def _commit(folder: str) -> str:
+    path = HERE / folder / "COMMIT"
+    return f"`{path.read_text().strip()}`" if path.exists() else "(not recorded)"
 
 
 def _num(value: float | None) -> str:

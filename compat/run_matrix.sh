@@ -11,6 +11,7 @@ releases=("$@")
 [ ${#releases[@]} -gt 0 ] || mapfile -t releases < <(grep -v '^#' compat/releases.txt | sed '/^$/d')
 envdir=${NOX_ENVDIR:-.nox}
 mkdir -p compat/results/logs
+git rev-parse --short HEAD > compat/results/COMMIT 2>/dev/null || true  # the code this run tests
 run_one() {
   local release=$1 session="matrix(transformers='$1')"
   if nox --envdir "$envdir" -s "$session" >"compat/results/logs/$release.log" 2>&1; then
