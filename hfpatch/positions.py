@@ -32,8 +32,8 @@ def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """Position of every column of a 2-D mask: ``cumsum - 1`` over real tokens.
 
     A pad gets the position of the last real token before it in its row (0 if none): its own
-    position never matters (it is masked out), and this way it is never larger than a real one,
-    which keeps rope variants that read ``position_ids.max()`` (dynamic NTK, longrope) as unpadded.
+    position never matters (it is masked out), and this way pads never raise ``position_ids.max()``
+    above the real tokens' (rope variants such as dynamic NTK and longrope read it).
 
     Args:
         attention_mask: ``[batch, length]``, any dtype, 1 (or True) for real tokens, 0 for pads.
