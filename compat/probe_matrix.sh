@@ -4,6 +4,9 @@
 # is swapped release by release; for each, tests/test_architectures.py (hfpatch.verify on every
 # covered model type the release ships, eager and SDPA) writes compat/results/probe/RELEASE.xml.
 # About an hour on one core for the 64 releases. Then: python3 compat/report.py
+# A partial re-run: PROBE_K="olmo or phi-" PROBE_TAG=widened bash compat/probe_matrix.sh [RELEASE ...]
+# runs only the tests pytest -k selects and writes RELEASE.TAG.xml, whose results the report takes
+# over the full run's for those cells.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 releases=("$@")
@@ -12,7 +15,10 @@ venv=${PROBE_VENV:-.nox/probe}
 [ -x "$venv/bin/python" ] || { python3 -m venv "$venv" && "$venv/bin/pip" install -q torch==2.13.0 wrapt packaging pytest hypothesis; }
 "$venv/bin/pip" install -q --no-deps --force-reinstall .
 mkdir -p compat/results/probe compat/results/logs
-git rev-parse --short HEAD > compat/results/probe/COMMIT 2>/dev/null || true  # the code this run tests
+tag=${PROBE_TAG:+.$PROBE_TAG}
+select=()
+[ -z "${PROBE_K:-}" ] || select=(-k "$PROBE_K")
+git rev-parse --short HEAD > "compat/results/probe/COMMIT$tag" 2>/dev/null || true  # the code this run tests
 for release in "${releases[@]}"; do
   case $release in  # 4.20-4.25 pin tokenizers<0.13, which has no wheel for Python 3.11 (see noxfile.py)
     4.2[0-5].*) "$venv/bin/pip" uninstall -q -y tokenizers  # a newer one fails transformers' import check
@@ -21,7 +27,7 @@ for release in "${releases[@]}"; do
     *) "$venv/bin/pip" install -q "transformers==$release" ;;
   esac
   if OMP_NUM_THREADS=1 "$venv/bin/python" -m pytest -q -p no:cacheprovider --tb=short tests/test_architectures.py \
-      --junitxml="compat/results/probe/$release.xml" >"compat/results/logs/probe-$release.log" 2>&1; then
+      "${select[@]}" --junitxml="compat/results/probe/$release$tag.xml" >"compat/results/logs/probe-$release$tag.log" 2>&1; then
     echo "$release ok"
   else
     echo "$release FAILED (see compat/results/logs/probe-$release.log)"

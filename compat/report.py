@@ -5,8 +5,9 @@
 Two kinds of results per release: the full test suite on the flagship architectures (JUnit XML and
 case counts, from ``nox -s matrix``), and the architecture probe (``compat/results/probe/``, from
 ``compat/probe_matrix.sh``: ``hfpatch.verify`` on every covered model type the release ships, in
-its declared range or not). The full suite includes the probe for the model types in range; where
-it ran them, its results replace the probe run's (they are the newer).
+its declared range or not; ``RELEASE.TAG.xml``: a partial re-run for some model types). The full
+suite includes the probe for the model types in range. Per cell, a partial re-run's result replaces
+the probe run's, and the full suite's replaces both.
 
 Full suite: each test belongs to one invariant (by module and name) and, through its parameter id,
 to one architecture. A cell is ``pass`` when every test of it passed (some may skip), ``FAIL`` when
@@ -142,13 +143,14 @@ def build() -> dict:
             entry["cells"] = cells(cases)
         if counts.exists():
             entry["cases"] = json.loads(counts.read_text())
-        probe = HERE / "results" / "probe" / f"{release}.xml"
-        if probe.exists():
-            entry["probe"] = read_probe(probe)
-        if junit.exists():  # the full suite runs the probe too, inside the declared ranges: newer evidence
-            for model_type, runs in read_probe(junit).items():
+        folder = HERE / "results" / "probe"
+        # the probe run, then partial re-runs of it (RELEASE.TAG.xml), then the full suite, which runs the
+        # probe too inside the declared ranges: a later source replaces an earlier one's results, cell by cell
+        sources = [folder / f"{release}.xml", *sorted(folder.glob(f"{release}.*.xml")), junit]
+        for source in (path for path in sources if path.exists()):
+            for model_type, runs in read_probe(source).items():
                 for attention, run in runs.items():
-                    if run["outcome"] != "skip":
+                    if source == sources[0] or run["outcome"] != "skip":
                         entry.setdefault("probe", {}).setdefault(model_type, {})[attention] = run
         summary[release] = entry
     return summary
@@ -324,8 +326,11 @@ def _render_probe(summary: dict) -> list[str]:
 
 
 def _commit(folder: str) -> str:
-    path = HERE / folder / "COMMIT"
-    return f"`{path.read_text().strip()}`" if path.exists() else "(not recorded)"
+    runs = [
+        f"`{path.read_text().strip()}`" + (f" ({path.suffix[1:]} re-run)" if path.suffix else "")
+        for path in sorted((HERE / folder).glob("COMMIT*"))
+    ]
+    return ", ".join(runs) or "(not recorded)"
 
 
 def _num(value: float | None) -> str:
