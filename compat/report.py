@@ -286,14 +286,15 @@ def _render_probe(summary: dict) -> list[str]:
         for name, adapter in REGISTRY.items()
         for model_type in (name, *adapter.aliases)
         for release, by_release in [(r, verdicts.get(model_type, {})) for r in probed]
-        if in_range(adapter.versions, Version(release)) and by_release.get(release) != "absent"
+        if _patched_on(adapter, release) and by_release.get(release) != "absent"
     ]
     passed = sum(1 for verdict in in_range_cells if verdict == "pass")
     lines += [
         "",
         f"**{passed} of {len(in_range_cells)} (model type, release) pairs in the declared ranges pass.** "
         "A release below a range fails the probe or lacks the class (the range is the longest run of "
-        "passing releases that ends at the newest; `tests/test_compat_report.py` checks it).",
+        "passing releases that ends at the newest, less releases declared known-bad, whose reason "
+        "`status()` gives; `tests/test_compat_report.py` checks it).",
     ]
     families: dict = {}
     for name, adapter in REGISTRY.items():
@@ -312,17 +313,24 @@ def _render_probe(summary: dict) -> list[str]:
             for model_type in (name, *adapter.aliases):
                 by_release = verdicts.get(model_type, {})
                 ships = [r for r, v in by_release.items() if v != "absent"]
-                declared = [r for r in ships if in_range(adapter.versions, Version(r))]
+                declared = [r for r in ships if _patched_on(adapter, r)]
                 passed = [r for r in declared if by_release[r] == "pass"]
                 failing = [r for r, v in by_release.items() if v == "fail"]
                 newest_run = summary[newest].get("probe", {}).get(model_type, {})
                 stock = max((run.get("stock", 0.0) for run in newest_run.values()), default=None)
                 fixed = max((run.get("hfpatch", 0.0) for run in newest_run.values()), default=None)
                 span = f"{ships[0]} - {ships[-1]} ({len(ships)})" if ships else "-"
-                cells = [model_type, adapter.cls, adapter.versions, span, f"{len(passed)}/{len(declared)}"]
+                declared_as = adapter.versions + "".join(f", not {s.removeprefix('==')}" for s, _ in adapter.known_bad)
+                cells = [model_type, adapter.cls, declared_as, span, f"{len(passed)}/{len(declared)}"]
                 cells += [", ".join(failing) or "-", _num(stock), _num(fixed)]
                 lines.append("| " + " | ".join(cells) + " |")
     return lines
+
+
+def _patched_on(adapter, release: str) -> bool:
+    """In the declared range and not declared known-bad there."""
+    version = Version(release)
+    return in_range(adapter.versions, version) and support(adapter, version).level != KNOWN_BAD
 
 
 def _commit(folder: str) -> str:

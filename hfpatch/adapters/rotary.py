@@ -25,11 +25,13 @@ PAD_ID = (("pad_token_id", 0),)
 # transformers 5.4.0 annotates config fields (use_cache, tie_word_embeddings) with types that the current
 # huggingface_hub's strict validation rejects, so these configs cannot be built there, not even from a
 # checkpoint: no model to patch, and none to verify. Not patched on 5.4.0.
-HUB_540 = ((
-    "==5.4.0",
-    "not verified: with a current huggingface_hub this release cannot build the model's config (its strict "
-    "validation rejects the release's own field types); use another release",
-),)
+HUB_540 = (
+    (
+        "==5.4.0",
+        "not verified: with a current huggingface_hub this release cannot build the model's config (its strict "
+        "validation rejects the release's own field types); use another release",
+    ),
+)
 
 GEMMA4 = (("global_head_dim", 32), ("vocab_size_per_layer_input", 97), ("hidden_size_per_layer_input", 16))
 
