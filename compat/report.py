@@ -320,8 +320,8 @@ def _render_probe(summary: dict) -> list[str]:
                 stock = max((run.get("stock", 0.0) for run in newest_run.values()), default=None)
                 fixed = max((run.get("hfpatch", 0.0) for run in newest_run.values()), default=None)
                 span = f"{ships[0]} - {ships[-1]} ({len(ships)})" if ships else "-"
-                declared_as = adapter.versions + "".join(f", not {s.removeprefix('==')}" for s, _ in adapter.known_bad)
-                cells = [model_type, adapter.cls, declared_as, span, f"{len(passed)}/{len(declared)}"]
+                cells = [model_type, adapter.cls, adapter.versions + adapter.exceptions, span]
+                cells += [f"{len(passed)}/{len(declared)}"]
                 cells += [", ".join(failing) or "-", _num(stock), _num(fixed)]
                 lines.append("| " + " | ".join(cells) + " |")
     return lines

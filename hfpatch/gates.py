@@ -110,6 +110,11 @@ class Adapter(NamedTuple):
         return f">={self.since},<={NEWEST_TESTED}"
 
     @property
+    def exceptions(self) -> str:
+        """The known-bad releases, for tables: ``", not 5.4.0"`` (empty where there are none)."""
+        return "".join(f", not {spec.removeprefix('==')}" for spec, _ in self.known_bad)
+
+    @property
     def why(self) -> str:
         return f"tested from {self.since} (the first matrix release that ships it) through {NEWEST_TESTED}"
 
