@@ -53,7 +53,7 @@ ADAPTERS = register_all(
     Adapter("cohere_compass_text", "CohereCompassTextModel", ROTARY, "5.21", package="cohere_compass", tiny=(("rope_parameters", {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}),)),
     Adapter("cwm", "CwmModel", ROTARY, "5.0"),
     Adapter("dbrx", "DbrxModel", ROTARY, "5.15", tiny=(("attn_config", {"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0}), ("ffn_config", {"ffn_hidden_size": 128, "moe_num_experts": 4, "moe_top_k": 2}))),
-    Adapter("deepseek_v2", "DeepseekV2Model", ROTARY, "5.4", tiny=(("num_experts_per_tok", 2),)),
+    Adapter("deepseek_v2", "DeepseekV2Model", ROTARY, "4.54", tiny=(("num_experts_per_tok", 2), ("head_dim", 8))),
     Adapter("deepseek_v3", "DeepseekV3Model", ROTARY, "4.51", aliases=("sarvam_mla",), tiny=(("head_dim", 8),)),
     Adapter("deepseek_v32", "DeepseekV32Model", ROTARY, "5.11"),
     Adapter("deepseek_v4", "DeepseekV4Model", ROTARY, "5.8"),
