@@ -43,6 +43,11 @@ NO_TOKENIZERS_DEPS = [
     "numpy",
 ]
 
+# transformers 5.4.0 allows huggingface_hub up to 1.x, but its newest (1.33) rejects the field types of
+# some of 5.4.0's configs (OLMo, PhiMoE, ERNIE 4.5, Cohere 2: no model can be built); 1.5.0, the oldest
+# it allows, builds them
+HUB_PINS = {"5.4.0": "1.5.0"}
+
 nox.options.sessions = ["matrix"]
 nox.options.error_on_missing_interpreters = True
 
@@ -52,6 +57,8 @@ def _run_release(session: nox.Session, release: str, strict: bool) -> None:
     if release.startswith(NO_TOKENIZERS):
         session.install("--no-deps", f"transformers=={release}")
         session.install(*NO_TOKENIZERS_DEPS)
+    elif release in HUB_PINS:
+        session.install(f"transformers=={release}", f"huggingface_hub=={HUB_PINS[release]}")
     else:
         session.install(f"transformers=={release}")
     session.install("wrapt", "packaging", "pytest", "hypothesis")

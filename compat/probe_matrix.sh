@@ -24,6 +24,7 @@ for release in "${releases[@]}"; do
     4.2[0-5].*) "$venv/bin/pip" uninstall -q -y tokenizers  # a newer one fails transformers' import check
                 "$venv/bin/pip" install -q --no-deps "transformers==$release"
                 "$venv/bin/pip" install -q "huggingface_hub<1.0" regex requests pyyaml tqdm filelock numpy ;;
+    5.4.0) "$venv/bin/pip" install -q "transformers==$release" "huggingface_hub==1.5.0" ;;  # see noxfile.py
     *) "$venv/bin/pip" install -q "transformers==$release" ;;
   esac
   if OMP_NUM_THREADS=1 "$venv/bin/python" -m pytest -q -p no:cacheprovider --tb=short tests/test_architectures.py \

@@ -22,16 +22,6 @@ LLAMA4_NOPE = (
 # transformers 5.0.0's configs of these dropped pad_token_id, which their models still read (a checkpoint's
 # config.json sets it; a config built from defaults, like the probe's, does not): the tiny config sets it
 PAD_ID = (("pad_token_id", 0),)
-# transformers 5.4.0 annotates config fields (use_cache, tie_word_embeddings) with types that the current
-# huggingface_hub's strict validation rejects, so these configs cannot be built there, not even from a
-# checkpoint: no model to patch, and none to verify. Not patched on 5.4.0.
-HUB_540 = (
-    (
-        "==5.4.0",
-        "not verified: with a current huggingface_hub this release cannot build the model's config (its strict "
-        "validation rejects the release's own field types); use another release",
-    ),
-)
 
 GEMMA4 = (("global_head_dim", 32), ("vocab_size_per_layer_input", 97), ("hidden_size_per_layer_input", 16))
 
@@ -48,7 +38,7 @@ ADAPTERS = register_all(
     Adapter("bitnet", "BitNetModel", ROTARY, "4.52"),
     Adapter("codegen", "CodeGenModel", ROTARY, "4.28", tiny=(("rotary_dim", 8),)),
     Adapter("cohere", "CohereModel", ROTARY, "4.39"),
-    Adapter("cohere2", "Cohere2Model", ROTARY, "4.53", known_bad=HUB_540),
+    Adapter("cohere2", "Cohere2Model", ROTARY, "4.53"),
     Adapter("cohere2_moe", "Cohere2MoeModel", ROTARY, "5.9"),
     Adapter("cohere_compass_text", "CohereCompassTextModel", ROTARY, "5.21", package="cohere_compass", tiny=(("rope_parameters", {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}),)),
     Adapter("cwm", "CwmModel", ROTARY, "5.0"),
@@ -63,8 +53,8 @@ ADAPTERS = register_all(
     Adapter("dots1", "Dots1Model", ROTARY, "4.53", tiny=(("n_routed_experts", 4), ("num_experts_per_tok", 2), ("n_shared_experts", 1))),
     Adapter("dots3_note_text", "Dots3NoteTextModel", ROTARY, "5.23", package="dots3_note", aliases=("dots3_note",), tiny=(("layer_types", ["indexed_attention", "sliding_attention"]), ("index_n_heads", 2), ("index_head_dim", 16), ("per_layer_config", {}), ("vision_config", {"per_layer_config": None, "adapter_in_dim": 64, "adapter_out_dim": 64}), ("audio_config", {"adapter_input_size": 64, "adapter_out_dim": 64}))),
     Adapter("emu3", "Emu3TextModel", ROTARY, "5.8"),
-    Adapter("ernie4_5", "Ernie4_5Model", ROTARY, "4.54", known_bad=HUB_540),
-    Adapter("ernie4_5_moe", "Ernie4_5_MoeModel", ROTARY, "4.54", known_bad=HUB_540),
+    Adapter("ernie4_5", "Ernie4_5Model", ROTARY, "4.54"),
+    Adapter("ernie4_5_moe", "Ernie4_5_MoeModel", ROTARY, "4.54"),
     Adapter("exaone4", "Exaone4Model", ROTARY, "4.54", tiny=PAD_ID),
     Adapter("exaone_moe", "ExaoneMoeModel", ROTARY, "5.1"),
     Adapter("falcon", "FalconModel", ROTARY, "4.39", eager_mask=SDPA_436),
@@ -128,17 +118,17 @@ ADAPTERS = register_all(
     Adapter("moshi", "MoshiModel", ROTARY, "5.18"),
     Adapter("nanochat", "NanoChatModel", ROTARY, "5.0"),
     Adapter("nemotron", "NemotronModel", ROTARY, "4.47", tiny=(("num_key_value_heads", 2),)),
-    Adapter("olmo", "OlmoModel", ROTARY, "4.40", known_bad=HUB_540),
-    Adapter("olmo2", "Olmo2Model", ROTARY, "4.47", known_bad=HUB_540),
-    Adapter("olmo3", "Olmo3Model", ROTARY, "4.57", known_bad=HUB_540),
-    Adapter("olmoe", "OlmoeModel", ROTARY, "4.45", known_bad=HUB_540),
+    Adapter("olmo", "OlmoModel", ROTARY, "4.40"),
+    Adapter("olmo2", "Olmo2Model", ROTARY, "4.47"),
+    Adapter("olmo3", "Olmo3Model", ROTARY, "4.57"),
+    Adapter("olmoe", "OlmoeModel", ROTARY, "4.45"),
     Adapter("persimmon", "PersimmonModel", ROTARY, "4.34"),
     Adapter("recurrent_gemma", "RecurrentGemmaModel", ROTARY, "5.24", limits=(RECURRENT_STATE,), tiny=(("lru_width", 64), ("block_types", ["recurrent", "attention"]), ("attention_window_size", 64))),
     Adapter("fuyu", "FuyuModel", ROTARY, "4.52"),  # multimodal: counts positions itself
     Adapter("phi", "PhiModel", ROTARY, "4.36", tiny=PAD_ID),
     Adapter("phi3", "Phi3Model", ROTARY, "4.41"),
     Adapter("phi4_multimodal", "Phi4MultimodalModel", ROTARY, "5.1"),
-    Adapter("phimoe", "PhimoeModel", ROTARY, "4.46", known_bad=HUB_540),
+    Adapter("phimoe", "PhimoeModel", ROTARY, "4.46"),
     Adapter("qwen2", "Qwen2Model", ROTARY, "4.39", aliases=("got_ocr2",)),
     Adapter("qwen2_moe", "Qwen2MoeModel", ROTARY, "4.40"),
     Adapter("qwen3", "Qwen3Model", ROTARY, "4.51", aliases=("moss_transcribe_diarize",)),
