@@ -84,9 +84,7 @@ def architectures() -> str:
     ]
     for adapter in sorted(engine.registry().values(), key=lambda a: a.arch):
         types = adapter.arch + "".join(f", {alias}" for alias in adapter.aliases)
-        releases = f"{adapter.since} - {NEWEST_TESTED}" + "".join(
-            f", not {s.removeprefix('==')}" for s, _ in adapter.known_bad
-        )
+        releases = f"{adapter.since} - {NEWEST_TESTED}{adapter.exceptions}"
         lines.append(f"| {types} | `{adapter.cls}` | {adapter.family.name} | {releases} |")
     by_verdict: dict[str, list[str]] = {}
     for entry in engine.status().values():
