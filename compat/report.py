@@ -24,6 +24,11 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+RELEASES = [
+    line.strip()
+    for line in (HERE / "releases.txt").read_text().splitlines()
+    if line.strip() and not line.startswith("#")
+]
 sys.path.insert(0, str(HERE.parent))
 
 from packaging.version import Version  # noqa: E402
@@ -127,13 +132,8 @@ def _clean(message: str) -> str:
 
 
 def build() -> dict:
-    releases = [
-        line.strip()
-        for line in (HERE / "releases.txt").read_text().splitlines()
-        if line.strip() and not line.startswith("#")
-    ]
     summary: dict = {}
-    for release in releases:
+    for release in RELEASES:
         junit = HERE / "results" / f"{release}.xml"
         counts = HERE / "results" / f"{release}.cases.json"
         entry: dict = {"ran": junit.exists()}
@@ -193,14 +193,16 @@ def render(summary: dict) -> str:
         "(the full test suite on the flagship architectures: one virtualenv per release with torch 2.13.0",
         "CPU, the `matrix` hypothesis profile, no inductor test, one torch thread) and",
         "`bash compat/probe_matrix.sh` (`hfpatch.verify` on every covered model type). Do not edit by hand.",
-        f"Code tested: full suite at commit {_commit('results')}, probe at {_commit('results/probe')}.",
+        f"Code tested: full suite {_suite_commits()} (the *code* column); "
+        f"probe at {_commit('results/probe')}.",
         "",
         headline,
         "",
         "Invariants: " + "; ".join(f"**{c}** {what}" for c, what, _ in INVARIANTS) + ".",
         "",
     ]
-    header = ["release"] + [f"{arch} {c}" for arch in ARCHS for c, _, _ in INVARIANTS] + ["general"]
+    header = ["release"] + [f"{arch} {c}" for arch in ARCHS for c, _, _ in INVARIANTS] + ["general", "code"]
+    commits = _release_commits()
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for release, entry in summary.items():
         if not entry["ran"]:
@@ -215,6 +217,7 @@ def render(summary: dict) -> str:
             row += [show(entry["cells"].get(arch, {}).get(c)) for c, _, _ in INVARIANTS]
         general = entry["cells"].get("any", {})
         row.append("**FAIL**" if any(s == "fail" for s, _ in general.values()) else "pass")
+        row.append(f"`{commits[release]}`" if release in commits else "-")
         lines.append("| " + " | ".join(row) + " |")
     lines += ["", "## Randomized cases: wrong on stock transformers vs with hfpatch", ""]
     lines += [
@@ -331,6 +334,24 @@ def _patched_on(adapter, release: str) -> bool:
     """In the declared range and not declared known-bad there."""
     version = Version(release)
     return in_range(adapter.versions, version) and support(adapter, version).level != KNOWN_BAD
+
+
+def _release_commits() -> dict:
+    """{release: commit} of the full-suite runs (compat/results/COMMITS, one "release commit" line per
+    session that ``run_matrix.sh`` ran; the last line for a release wins)."""
+    path = HERE / "results" / "COMMITS"
+    lines = path.read_text().split("\n") if path.exists() else []
+    return dict(line.split()[:2] for line in lines if len(line.split()) >= 2)
+
+
+def _suite_commits() -> str:
+    commits = _release_commits()
+    counts: dict = {}
+    for release in commits:
+        counts[commits[release]] = counts.get(commits[release], 0) + 1
+    runs = [f"at `{commit}` ({n} releases)" for commit, n in counts.items()]
+    earlier = ", the rest from earlier runs (commit not recorded)" if len(commits) < len(RELEASES) else ""
+    return ", ".join(runs) + earlier if runs else "(commit not recorded)"
 
 
 def _commit(folder: str) -> str:

@@ -11,14 +11,15 @@ releases=("$@")
 [ ${#releases[@]} -gt 0 ] || mapfile -t releases < <(grep -v '^#' compat/releases.txt | sed '/^$/d')
 envdir=${NOX_ENVDIR:-.nox}
 mkdir -p compat/results/logs
-git rev-parse --short HEAD > compat/results/COMMIT 2>/dev/null || true  # the code this run tests
 run_one() {
-  local release=$1 session="matrix(transformers='$1')"
+  local release=$1 session="matrix(transformers='$1')" commit
+  commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)  # the code the session installs
   if nox --envdir "$envdir" -s "$session" >"compat/results/logs/$release.log" 2>&1; then
     echo "$release ok"
   else
     echo "$release FAILED (see compat/results/logs/$release.log)"
   fi
+  printf '%s %s\n' "$release" "$commit" >> compat/results/COMMITS
   rm -rf "$envdir"/matrix-transformers-"${release//./-}"*
 }
 export -f run_one
