@@ -6,7 +6,9 @@
 # About an hour on one core for the 64 releases. Then: python3 compat/report.py
 # A partial re-run: PROBE_K="olmo or phi-" PROBE_TAG=widened bash compat/probe_matrix.sh [RELEASE ...]
 # runs only the tests pytest -k selects and writes RELEASE.TAG.xml, whose results the report takes
-# over the full run's for those cells.
+# over the full run's for those cells. PROBE_TESTS (default tests/test_architectures.py) and PROBE_DIR
+# (default compat/results/probe) run other tests the same way: with PROBE_DIR=compat/results and a
+# PROBE_TAG, a partial re-run of full-suite tests, whose results the report takes over the full run's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 releases=("$@")
@@ -14,11 +16,13 @@ releases=("$@")
 venv=${PROBE_VENV:-.nox/probe}
 [ -x "$venv/bin/python" ] || { python3 -m venv "$venv" && "$venv/bin/pip" install -q torch==2.13.0 wrapt packaging pytest hypothesis; }
 "$venv/bin/pip" install -q --no-deps --force-reinstall .
-mkdir -p compat/results/probe compat/results/logs
+out=${PROBE_DIR:-compat/results/probe}
+read -r -a tests <<< "${PROBE_TESTS:-tests/test_architectures.py}"
+mkdir -p "$out" compat/results/logs
 tag=${PROBE_TAG:+.$PROBE_TAG}
 select=()
 [ -z "${PROBE_K:-}" ] || select=(-k "$PROBE_K")
-git rev-parse --short HEAD > "compat/results/probe/COMMIT$tag" 2>/dev/null || true  # the code this run tests
+git rev-parse --short HEAD > "$out/COMMIT$tag" 2>/dev/null || true  # the code this run tests
 for release in "${releases[@]}"; do
   case $release in  # 4.20-4.25 pin tokenizers<0.13, which has no wheel for Python 3.11 (see noxfile.py)
     4.2[0-5].*) "$venv/bin/pip" uninstall -q -y tokenizers  # a newer one fails transformers' import check
@@ -27,8 +31,8 @@ for release in "${releases[@]}"; do
     5.4.0) "$venv/bin/pip" install -q "transformers==$release" "huggingface_hub==1.5.0" ;;  # see noxfile.py
     *) "$venv/bin/pip" install -q "transformers==$release" ;;
   esac
-  if OMP_NUM_THREADS=1 "$venv/bin/python" -m pytest -q -p no:cacheprovider --tb=short tests/test_architectures.py \
-      "${select[@]}" --junitxml="compat/results/probe/$release$tag.xml" >"compat/results/logs/probe-$release$tag.log" 2>&1; then
+  if OMP_NUM_THREADS=1 "$venv/bin/python" -m pytest -q -p no:cacheprovider --tb=short "${tests[@]}" \
+      "${select[@]}" --junitxml="$out/$release$tag.xml" >"compat/results/logs/probe-$release$tag.log" 2>&1; then
     echo "$release ok"
   else
     echo "$release FAILED (see compat/results/logs/probe-$release.log)"

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import ATOL, cache_kw, random_rows, stock
+from conftest import ATOL, TF, cache_kw, random_rows, stock
 
 from hfpatch import probe
+from hfpatch.gates import in_range
 
 PAD = probe.PAD
 
@@ -74,7 +75,10 @@ def test_probe_scenarios(model, adapter, scenario):
     with stock():
         broken = probe.max_diff(model, rows, probe.run_batched(model, rows, scenario.chunks, scenario.left))
     shift_only = not adapter.family.left_padding_wrong_on_stock and not scenario.holes  # RoPE: no change
-    assert broken <= ATOL if shift_only else broken > 1e-3
+    if not shift_only:
+        assert broken > 1e-3
+    elif not (adapter.eager_mask and in_range(adapter.eager_mask[0], TF)):
+        assert broken <= ATOL  # (where transformers' SDPA mask code is wrong, stock is wrong anyway)
 
 
 def test_variable_suffixes_both_rows_wrong_on_stock(model):

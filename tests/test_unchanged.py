@@ -79,7 +79,8 @@ def test_explicit_cache_position_is_forwarded_as_given(model, arch):
     with spying(model) as seen:
         _two_calls(model, {"cache_position": slots}, {})
     assert seen[0]["cache_position"] is slots
-    assert seen[0]["position_ids"].tolist() == [[0, 1, 2, 0], [0, 1, 2, 3]]
+    # row 0 is right-padded: its pad takes the position of the last real token before it
+    assert seen[0]["position_ids"].tolist() == [[0, 1, 2, 2], [0, 1, 2, 3]]
 
 
 def test_no_mask(model):
