@@ -196,8 +196,8 @@ def render(summary: dict) -> str:
         "(the full test suite on the flagship architectures: one virtualenv per release with torch 2.13.0",
         "CPU, the `matrix` hypothesis profile, no inductor test, one torch thread) and",
         "`bash compat/probe_matrix.sh` (`hfpatch.verify` on every covered model type). Do not edit by hand.",
-        f"Code tested: full suite {_suite_commits()} (the *code* column); "
-        f"probe at {_commit('results/probe')}.",
+        f"Code tested: full suite {_suite_commits()} (the *code* column), partial re-runs at "
+        f"{_commit('results')}; probe at {_commit('results/probe')}.",
         "",
         headline,
         "",
@@ -359,8 +359,8 @@ def _suite_commits() -> str:
 
 def _commit(folder: str) -> str:
     runs = [
-        f"`{path.read_text().strip()}`" + (f" ({path.suffix[1:]} re-run)" if path.suffix else "")
-        for path in sorted((HERE / folder).glob("COMMIT*"))
+        f"`{path.read_text().strip()}`" + (f" ({path.suffix[1:]})" if path.suffix else "")
+        for path in sorted([*(HERE / folder).glob("COMMIT"), *(HERE / folder).glob("COMMIT.*")])
     ]
     return ", ".join(runs) or "(not recorded)"
 
