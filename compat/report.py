@@ -21,6 +21,7 @@ import json
 import re
 import sys
 import xml.etree.ElementTree as ET
+from collections import Counter
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -34,7 +35,7 @@ sys.path.insert(0, str(HERE.parent))
 from packaging.version import Version  # noqa: E402
 
 import hfpatch  # noqa: E402  (registers the adapters)
-from hfpatch.gates import KNOWN_BAD, in_range, support, upstream_bugs_on  # noqa: E402
+from hfpatch.gates import KNOWN_BAD, TESTED, support, upstream_bugs_on  # noqa: E402
 
 REGISTRY = hfpatch.registry()
 ARCHS = [name for name, adapter in REGISTRY.items() if adapter.flagship]  # the full suite's columns
@@ -334,9 +335,8 @@ def _render_probe(summary: dict) -> list[str]:
 
 
 def _patched_on(adapter, release: str) -> bool:
-    """In the declared range and not declared known-bad there."""
-    version = Version(release)
-    return in_range(adapter.versions, version) and support(adapter, version).level != KNOWN_BAD
+    """In the declared range and not declared known-bad there (what the range test calls tested)."""
+    return support(adapter, Version(release)).level == TESTED
 
 
 def _release_commits() -> dict:
@@ -349,10 +349,7 @@ def _release_commits() -> dict:
 
 def _suite_commits() -> str:
     commits = _release_commits()
-    counts: dict = {}
-    for release in commits:
-        counts[commits[release]] = counts.get(commits[release], 0) + 1
-    runs = [f"at `{commit}` ({n} releases)" for commit, n in counts.items()]
+    runs = [f"at `{commit}` ({n} releases)" for commit, n in Counter(commits.values()).items()]
     earlier = ", the rest from earlier runs (commit not recorded)" if len(commits) < len(RELEASES) else ""
     return ", ".join(runs) + earlier if runs else "(commit not recorded)"
 
