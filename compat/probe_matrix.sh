@@ -35,6 +35,6 @@ for release in "${releases[@]}"; do
       "${select[@]}" --junitxml="$out/$release$tag.xml" >"compat/results/logs/probe-$release$tag.log" 2>&1; then
     echo "$release ok"
   else
-    echo "$release FAILED (see compat/results/logs/probe-$release.log)"
+    echo "$release FAILED (see compat/results/logs/probe-$release$tag.log)"
   fi
 done
