@@ -207,7 +207,6 @@ def _decode_row(model: Any, arch: str, batch: int, prompt: int, kind: str, contr
     kwargs = prepare(0)
     hot = _own_work_us(arch, model.base_model, kwargs)
     # the same work where it runs in a decode loop: right after a model step, whose weights and
-    # kernels have pushed hfpatch's code and data out of the CPU caches
     # kernels have pushed hfpatch's code and data out of the CPU caches; and, for scale, a single
     # tensor op there (a sum over the mask: less than any derivation of positions needs)
     own, cold, one_op = _own_forward(arch, model.base_model), [], []
