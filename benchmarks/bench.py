@@ -10,6 +10,7 @@ timings on shared CPUs are noisy, and the tests assert numbers, never times.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import inspect
 import os
@@ -25,9 +26,11 @@ from typing import Any, Callable
 import torch
 
 import hfpatch
-from hfpatch import gates, probe
 from hfpatch.forward import make_forward
+from hfpatch.plans import SLOTS, read_plan
 from hfpatch.positions import positions_from_mask
+from hfpatch.tiny import tiny_model
+from hfpatch.verification import cache_name, new_static_cache, output_cache
 
 REPEATS = 101
 DECODE_STEPS = 1001  # one step's ratio varies by ~5 %: 1001 steps pin the median to ~0.2 %
@@ -46,7 +49,7 @@ ARCHS = ("gpt2", "llama")  # the rows the targets are stated for: one flagship o
 
 def small_model(arch: str) -> Any:
     """4 layers, hidden 256: the size the targets are stated for."""
-    return probe.tiny_model(arch, sizes=SMALL)
+    return tiny_model(arch, sizes=SMALL)
 
 
 def padded_batch(batch: int, length: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -108,8 +111,8 @@ def _own_forward(arch: str, base: Any) -> Callable[..., Any]:
     """The patched forward with a no-op model behind it: what hfpatch adds to a call (argument
     handling + deriving positions from the mask), and nothing else."""
     adapter = hfpatch.registry()[arch]
-    plan = gates.read_plan(adapter, type(base).forward.__wrapped__)  # the original (functools.wraps)
-    return make_forward(adapter, lambda self, **kwargs: kwargs, plan)
+    plan = read_plan(adapter, type(base).forward.__wrapped__, type(base))  # the original (functools.wraps)
+    return make_forward(adapter, lambda self, **kwargs: kwargs, plan, types.SimpleNamespace(pinned=True))
 
 
 def _own_work_us(arch: str, base: Any, kwargs: dict) -> float:
@@ -142,12 +145,12 @@ def _decode_row(model: Any, arch: str, batch: int, prompt: int, kind: str, contr
     both sides pass them by hand (an A/A run: the noise floor of the ratio)."""
     static = kind == "StaticCache"
     ids, mask = padded_batch(batch, prompt)
-    name = probe.cache_kwarg(model)
+    name = cache_name(model)
     capacity = prompt + STATIC_CYCLE
     by_hand = (control, True)
     # one cache and one mask for both sides: two would sit at different addresses, which alone
     # shifts a side's time by about 1 % (seen in the A/A rows when each side had its own)
-    run: dict = {"cache": probe.static_cache(model, batch, capacity) if static else None}
+    run: dict = {"cache": new_static_cache(model, batch, capacity) if static else None}
 
     def prefill() -> None:  # outside the timing
         full = torch.zeros(batch, capacity if static else prompt, dtype=torch.long)
@@ -156,7 +159,7 @@ def _decode_row(model: Any, arch: str, batch: int, prompt: int, kind: str, contr
             run["cache"].reset()
         with torch.no_grad():
             out = model(input_ids=ids, attention_mask=full, use_cache=True, **{name: run["cache"]})
-        run.update(cache=probe.output_cache(out), full=full, filled=prompt)
+        run.update(cache=output_cache(out), full=full, filled=prompt)
 
     prefill()
     token = torch.ones(batch, 1, dtype=torch.long)
@@ -228,6 +231,71 @@ def _decode_row(model: Any, arch: str, batch: int, prompt: int, kind: str, contr
     )
 
 
+def static_slots_decode(prompt: int, capacities: tuple[int, ...]) -> list[str]:
+    """transformers 4.38-5.3, where ``cache_position`` is a parameter: a StaticCache decode step with
+    a full-length mask and neither ``position_ids`` nor ``cache_position`` (hfpatch derives the slot
+    from its count and the positions from the mask) vs stock transformers fed both (``unpatched()``:
+    the original forward), interleaved on one cache, for a short and a long cache. What hfpatch adds
+    must not grow with the cache's length."""
+    model = small_model("llama")
+    owner = type(model.base_model)
+    if read_plan(hfpatch.registry()["llama"], owner.forward, owner).era != SLOTS:
+        return []
+    return [_static_slots_row(model, 1, prompt, capacity) for capacity in capacities]
+
+
+def _static_slots_row(model: Any, batch: int, prompt: int, capacity: int) -> str:
+    ids, mask = padded_batch(batch, prompt)
+    name = cache_name(model)
+    run: dict = {"cache": new_static_cache(model, batch, capacity)}
+    cycle = min(capacity - prompt, DECODE_STEPS + 4)
+
+    def prefill() -> None:  # outside the timing; hfpatch's count of the slots restarts from the prompt
+        run["cache"].reset()
+        full = torch.zeros(batch, capacity, dtype=torch.long)
+        full[:, :prompt] = mask
+        with torch.no_grad():
+            model(input_ids=ids, attention_mask=full[:, :prompt], use_cache=True, **{name: run["cache"]})
+        run.update(full=full, filled=prompt)
+
+    prefill()
+    token = torch.ones(batch, 1, dtype=torch.long)
+    times: list = [[], []]
+    diffs, ratios = [], []
+    for i in range(DECODE_STEPS + 3):
+        filled = run["filled"]
+        run["full"][:, filled] = 1
+        pair = [0.0, 0.0]
+        for side in (0, 1) if i % 2 == 0 else (1, 0):
+            kwargs = {
+                "input_ids": token,
+                "attention_mask": run["full"],
+                "use_cache": True,
+                name: run["cache"],
+            }
+            if side == 1:  # stock, fed what hfpatch would derive
+                kwargs["position_ids"] = positions_from_mask(run["full"][:, : filled + 1])[:, filled:]
+                kwargs["cache_position"] = torch.arange(filled, filled + 1)
+            with torch.no_grad(), hfpatch.unpatched() if side == 1 else contextlib.nullcontext():
+                start = time.perf_counter()
+                model(**kwargs)
+                pair[side] = time.perf_counter() - start
+        run["filled"] += 1
+        if run["filled"] - prompt == cycle:
+            prefill()
+        if i >= 3:  # warm-up
+            times[0].append(pair[0])
+            times[1].append(pair[1])
+            diffs.append(pair[0] - pair[1])
+            ratios.append(pair[0] / pair[1])
+    ms_a, ms_b = statistics.median(times[0]) * 1e3, statistics.median(times[1]) * 1e3
+    extra = statistics.median(diffs) * 1e6
+    return (
+        f"| llama | {capacity} | {batch} x 1 (after {prompt}) | {ms_a:.3f} | {ms_b:.3f} | {extra:.0f} "
+        f"| **{statistics.median(ratios):.3f}** |"
+    )
+
+
 def compiled_decode_step(batch: int, prompt: int, steps: int) -> list[str]:
     """One compiled decode step, hfpatch deriving positions from the mask vs stock transformers fed
     explicit position_ids (and cache_position where the release has it). Both use a StaticCache and a
@@ -244,11 +312,11 @@ def compiled_decode_step(batch: int, prompt: int, steps: int) -> list[str]:
     pass_cache_position = "cache_position" in params
 
     def runner(model: Any, patched: bool) -> Callable[[], Any]:
-        cache = probe.static_cache(model, batch, capacity)
+        cache = new_static_cache(model, batch, capacity)
         full = torch.zeros(batch, capacity, dtype=torch.long)
         full[:, :prompt] = mask
         state = {"filled": prompt, "next": None}
-        cache_arg = {probe.cache_kwarg(model): cache}
+        cache_arg = {cache_name(model): cache}
         explicit = _explicit(full, prompt, 0, prompt, pass_cache_position, not patched)
         with torch.no_grad():  # prefill, eager
             out = model(input_ids=ids, attention_mask=full, use_cache=True, **cache_arg, **explicit)
@@ -334,12 +402,10 @@ def scoring(prompt_len: int, completions: int, completion_len: int) -> list[str]
     def reuse() -> torch.Tensor:
         with torch.no_grad():
             out = model(input_ids=prompt, use_cache=True)
-            cache = probe.output_cache(out)
+            cache = output_cache(out)
             cache.batch_repeat_interleave(completions)
             mask = torch.cat([ones, left.long()], dim=1)
-            return model(
-                input_ids=left_tails, attention_mask=mask, **{probe.cache_kwarg(model): cache}
-            ).logits
+            return model(input_ids=left_tails, attention_mask=mask, **{cache_name(model): cache}).logits
 
     def scratch() -> torch.Tensor:
         with torch.no_grad():
@@ -357,94 +423,139 @@ def scoring(prompt_len: int, completions: int, completion_len: int) -> list[str]
     ]
 
 
+def sections() -> dict[str, tuple[list[str], Callable[[], list[str]]]]:
+    """Each section of RESULTS.md: its heading and text, and what measures its rows."""
+    return {
+        "## Eager forward on a padded batch: derived positions vs positions passed by hand": (
+            [
+                "Both calls go through the patched forward; the first lets hfpatch derive `position_ids`",
+                "from the mask, the second passes them. The last column times what hfpatch adds (the patched",
+                "forward in front of a no-op model).",
+                "",
+                "| model (4 layers, hidden 256) | batch x tokens | derived (ms) | by hand (ms) | ratio "
+                "| hfpatch's own work, timed alone: µs (share of the call) |",
+                "|---|---|---|---|---|---|",
+            ],
+            lambda: eager_padded_forward(8, 128),
+        ),
+        "## Eager decode step: derived positions vs positions passed by hand": (
+            [
+                "One new token a call after 128 cached (left-padded prompt), mask given (past + new; a",
+                "StaticCache gets its full-length mask), 4 layers, hidden 256, eager, one thread. Only the",
+                "forward call is timed; the cache is cropped back (DynamicCache) or the next step taken",
+                f"(StaticCache, whose prompt is run again, untimed, every {STATIC_CYCLE} steps) outside the",
+                f"timing. {DECODE_STEPS} steps a row, interleaved, on one cache shared by both sides; the ratio is",
+                "the median of the per-step ratios (their interquartile range in brackets); the A/A rows run the",
+                "same call on both sides: the noise floor of that median. hfpatch's own work (the patched",
+                "forward in front of a no-op model) is timed alone, back to back (hot CPU caches), and right",
+                "after an untimed model step, as it runs in a decode loop (cold). The last column is one tensor",
+                "op (a sum over the mask) timed the same cold way: the unit every eager derivation pays per op.",
+                "",
+                "| model | cache | batch x tokens | derived (ms) | by hand (ms) | ratio | own work, hot: µs "
+                "| own work after a step: µs (share of the call) | one tensor op after a step: µs |",
+                "|---|---|---|---|---|---|---|---|---|",
+            ],
+            lambda: eager_decode_steps(128),
+        ),
+        "## StaticCache decode step on 4.38-5.3: hfpatch's slot count vs explicit inputs, short and long caches": (
+            [
+                "Run on a release that has `cache_position` (`python benchmarks/bench.py --only static`",
+                "in an environment with, e.g., transformers 4.57.6). One new token a call after 128 cached,",
+                "batch 1, 4 layers, hidden 256, eager, one thread. hfpatch: a full-length mask and neither",
+                "`position_ids` nor `cache_position` (the slot comes from hfpatch's count of the slots",
+                "written, the positions from the mask); stock: the original forward fed both. Interleaved on",
+                f"one cache, {DECODE_STEPS} steps; *extra* is the median of the per-step differences.",
+                "",
+                "| model | cache slots | batch x tokens | hfpatch (ms) | stock, explicit (ms) "
+                "| extra per step (µs) | ratio |",
+                "|---|---|---|---|---|---|---|",
+            ],
+            lambda: static_slots_decode(128, (256, 8192)),
+        ),
+        "## Compiled decode step: hfpatch (mask only) vs stock with explicit inputs": (
+            [
+                "Llama, 4 layers, hidden 256, inductor, StaticCache with a full-length mask (static shapes,",
+                "one graph each); stock is fed `position_ids` (and `cache_position` where the release has",
+                "it) computed outside the compiled step.",
+                "",
+                "| model | batch x tokens | hfpatch (ms) | stock, explicit (ms) | ratio |",
+                "|---|---|---|---|---|",
+            ],
+            lambda: compiled_decode_step(8, 128, 72),
+        ),
+        "## `import hfpatch; hfpatch.apply()`": (
+            [
+                "Median of 7 fresh interpreters (with bytecode, as installed). `apply()` imports wrapt only",
+                "to wait for a module not imported yet (its post-import hook), as here; the last row is",
+                "hfpatch's own cost.",
+                "",
+                "| setting | time (ms) | transformers.models modules imported | packages imported (not stdlib) |",
+                "|---|---|---|---|",
+            ],
+            import_cost,
+        ),
+        "## Scoring completions after a shared prompt (the original use case)": (
+            [
+                "Llama, 4 layers, hidden 256, eager. Reuse: the prompt runs once, its KV cache is repeated for",
+                "every completion, and the left-padded completions (pads between prompt and completion) run in",
+                "one cached call, positions derived by hfpatch. Scratch (the reference): prompt + right-padded",
+                "completion for every row in one call. Max |logit difference| at the real completion tokens",
+                "between the two, with hfpatch and on stock transformers.",
+                "",
+                "| completions | reuse (ms) | scratch (ms) | speedup | max abs diff, hfpatch | on stock |",
+                "|---|---|---|---|---|---|",
+            ],
+            lambda: scoring(512, 16, 8),
+        ),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(ROOT / "RESULTS.md"))
+    parser.add_argument("--only", nargs="*", default=None, metavar="WORD",
+                        help="run only the sections whose heading has one of these words (lower case)")  # fmt: skip
     args = parser.parse_args()
     torch.set_num_threads(1)  # one thread: steadier timings on a 2-core machine
     hfpatch.apply()
     import transformers
 
+    setup = (
+        f"{platform.machine()}, Python {platform.python_version()}, torch {torch.__version__}, "
+        f"transformers {transformers.__version__}, one torch thread"
+    )
+    old = _sections_of(Path(args.out).read_text()) if Path(args.out).exists() else {}
     lines = [
         "# hfpatch benchmark results",
         "",
-        "Made by `python benchmarks/bench.py` on "
-        f"{platform.machine()} ({platform.processor() or 'cpu'}), Python {platform.python_version()}, "
-        f"torch {torch.__version__}, transformers {transformers.__version__}, one torch thread, "
-        f"{REPEATS} interleaved repeats, median of per-repeat ratios.",
-        "",
-        "## Eager forward on a padded batch: derived positions vs positions passed by hand",
-        "",
-        "Target: ratio <= 1.01 (issue 4), <= 1.02 (issue 2). Both calls go through the patched forward;",
-        "the first lets hfpatch derive `position_ids` from the mask, the second passes them. The last",
-        "column times what hfpatch adds (the patched forward in front of a no-op model): the ratio's",
-        "run-to-run noise on this machine (1-2 %) is far larger than that.",
-        "",
-        "| model (4 layers, hidden 256) | batch x tokens | derived (ms) | by hand (ms) | ratio "
-        "| hfpatch's own work, timed alone: µs (share of the call) |",
-        "|---|---|---|---|---|---|",
-        *eager_padded_forward(8, 128),
+        "Made by `python benchmarks/bench.py` (the method: docs/cost.md). Each section says the setup it",
+        "ran on; its ratios are interleaved in one run and compare like with like.",
     ]
-    lines += [
-        "",
-        "## Eager decode step: derived positions vs positions passed by hand",
-        "",
-        "Target: ratio <= 1.01 and hfpatch's own work <= 25 µs a call. One new token a call after 128",
-        "cached (left-padded prompt), mask given (past + new; a StaticCache gets its full-length mask),",
-        "4 layers, hidden 256, eager, one thread. Only the forward call is timed; the cache is cropped",
-        "back (DynamicCache) or the next step taken (StaticCache, whose prompt is run again, untimed,",
-        f"every {STATIC_CYCLE} steps) outside the timing. {DECODE_STEPS} steps a row, interleaved, on one",
-        "cache shared by both sides; the ratio is the median of the per-step ratios (their interquartile",
-        "range in brackets); the A/A rows run the same call on both sides: the noise floor of that median.",
-        "hfpatch's own work (the patched forward in front of a no-op model) is timed twice: alone, back to",
-        "back (hot CPU caches), and right after an untimed model step, as it runs in a decode loop (cold:",
-        "the step's weights and kernels have evicted its code and data). The last column is one tensor",
-        "op (a sum over the mask) timed the same cold way: the unit every eager derivation pays per op.",
-        "",
-        "| model | cache | batch x tokens | derived (ms) | by hand (ms) | ratio | own work, hot: µs "
-        "| own work after a step: µs (share of the call) | one tensor op after a step: µs |",
-        "|---|---|---|---|---|---|---|---|---|",
-        *eager_decode_steps(128),
-    ]
-    lines += [
-        "",
-        "## Compiled decode step: hfpatch (mask only) vs stock with explicit inputs",
-        "",
-        "Target: ratio <= 1.01. Llama, 4 layers, hidden 256, inductor, StaticCache with a full-length",
-        "mask (static shapes, one graph each); stock is fed `position_ids` (and `cache_position` where",
-        "the release has it) computed outside the compiled step.",
-        "",
-        "| model | batch x tokens | hfpatch (ms) | stock, explicit (ms) | ratio |",
-        "|---|---|---|---|---|",
-        *compiled_decode_step(8, 128, 72),
-        "",
-        "## `import hfpatch; hfpatch.apply()`",
-        "",
-        "Target: <= 5 ms and no `transformers.models` module imported. Median of 7 fresh interpreters",
-        "(with bytecode, as installed). `apply()` imports wrapt only to wait for a module not imported",
-        "yet (its post-import hook), as here. The last row is hfpatch's own cost; the difference to the",
-        "row above is wrapt's import, which alone exceeds the target: wrapt is a declared dependency,",
-        "kept for its post-import hooks, so the total target is not met by design.",
-        "",
-        "| setting | time (ms) | transformers.models modules imported | packages imported (not stdlib) |",
-        "|---|---|---|---|",
-        *import_cost(),
-        "",
-        "## Scoring completions after a shared prompt (the original use case)",
-        "",
-        "Llama, 4 layers, hidden 256, eager. Reuse: the prompt runs once, its KV cache is repeated for",
-        "every completion, and the left-padded completions (pads between prompt and completion) run in",
-        "one cached call, positions derived by hfpatch. Scratch (the reference): prompt + right-padded",
-        "completion for every row in one call. Max |logit difference| at the real completion tokens",
-        "between the two, with hfpatch (target <= 1e-5) and on stock transformers.",
-        "",
-        "| completions | reuse (ms) | scratch (ms) | speedup | max abs diff, hfpatch | on stock |",
-        "|---|---|---|---|---|---|",
-        *scoring(512, 16, 8),
-    ]
-    text = "\n".join(lines) + "\n"
-    Path(args.out).write_text(text)
-    print(text)
+    for heading, (text, measure) in sections().items():
+        wanted = args.only is None or any(word in heading.lower() for word in args.only)
+        rows = measure() if wanted else []
+        if rows:
+            lines += ["", heading, "", f"Measured on {setup}.", *text, *rows]
+        elif heading in old:  # not run now (or not applicable to this release): the last results stay
+            lines += ["", heading, *old[heading]]
+        else:
+            lines += ["", heading, "", "Not measured yet.", *text]
+    out = "\n".join(lines) + "\n"
+    Path(args.out).write_text(out)
+    print(out)
+
+
+def _sections_of(text: str) -> dict[str, list[str]]:
+    """The sections of an earlier RESULTS.md, by heading (their lines after it)."""
+    found: dict[str, list[str]] = {}
+    heading = None
+    for line in text.splitlines():
+        if line.startswith("## "):
+            heading = line
+            found[heading] = []
+        elif heading is not None:
+            found[heading].append(line)
+    return {heading: body[:-1] if body and not body[-1] else body for heading, body in found.items()}
 
 
 if __name__ == "__main__":

@@ -15,7 +15,8 @@ import sys
 import torch
 
 import hfpatch
-from hfpatch import probe
+from hfpatch.tiny import VOCAB, tiny_model
+from hfpatch.verification import cache_name, new_static_cache
 
 
 def greedy(
@@ -23,10 +24,10 @@ def greedy(
 ) -> torch.Tensor:
     """Prefill eagerly, then ``steps`` single-token calls of ``forward`` with a full-length mask."""
     batch, length = prompt.shape
-    cache = probe.static_cache(model, batch, capacity, device="cuda")
+    cache = new_static_cache(model, batch, capacity, device="cuda")
     full = torch.zeros(batch, capacity, dtype=torch.long, device="cuda")
     full[:, :length] = mask
-    name = probe.cache_kwarg(model)
+    name = cache_name(model)
     with torch.no_grad():
         out = model(input_ids=prompt, attention_mask=full, use_cache=True, **{name: cache})
         tokens = [out.logits[:, -1:].argmax(-1)]
@@ -44,8 +45,8 @@ def main() -> int:
     hfpatch.apply()
     failed = False
     for arch in ("gpt2", "llama", "gemma"):
-        model = probe.tiny_model(arch).cuda()
-        prompt = torch.randint(1, probe.VOCAB, (3, 10), device="cuda")
+        model = tiny_model(arch).cuda()
+        prompt = torch.randint(1, VOCAB, (3, 10), device="cuda")
         mask = torch.ones(3, 10, dtype=torch.long, device="cuda")
         mask[0, :4] = 0  # left padding
         mask[1, :2] = 0

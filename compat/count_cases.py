@@ -2,7 +2,7 @@
 
     python compat/count_cases.py OUT.json [--cases 40]
 
-The same cases (fixed seeds, ``hfpatch.probe.random_case``: the property tests' generator) on every
+The same cases (fixed seeds, ``tests/harness.py``'s ``random_case``: the property tests' generator) on every
 release, for the flagship architectures: a batch of 1-3 rows, 1-3 KV-cached calls, 0-4 new tokens
 per row and call, each row padded left or right per call. A case is wrong when some real
 token's logits differ from the row run alone, unpadded, by more than 1e-5.
@@ -13,29 +13,33 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import sys
+from pathlib import Path
 
 import torch
 
-import hfpatch
-from hfpatch import probe
-from hfpatch.gates import release_has
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-FLAGSHIPS = [name for name, adapter in hfpatch.registry().items() if adapter.flagship]
+import hfpatch  # noqa: E402
+from hfpatch.support import release_has  # noqa: E402
+from hfpatch.tiny import FLAGSHIPS, tiny_model  # noqa: E402
+
+from harness import TOLERANCE, max_diff, random_case, run_padded  # noqa: E402
 
 
 def count(arch: str, cases: int) -> dict[str, int]:
     """Cases wrong on stock and with hfpatch; a case that raises counts as wrong, and as an error."""
-    model = probe.tiny_model(arch)
+    model = tiny_model(arch)
     result = {"cases": cases, "stock_wrong": 0, "hfpatch_wrong": 0, "stock_errors": 0, "hfpatch_errors": 0}
     rng = random.Random(1234)
     for _ in range(cases):
-        rows, chunks, left = probe.random_case(rng)
+        rows, chunks, left = random_case(rng)
         for name in ("stock", "hfpatch"):
             context = hfpatch.unpatched(arch) if name == "stock" else hfpatch.patched(arch)
             try:
                 with context:
-                    got = probe.run_batched(model, rows, chunks, left)
-                wrong = probe.max_diff(model, rows, got) > probe.TOLERANCE
+                    got = run_padded(model, rows, chunks, left)
+                wrong = max_diff(model, rows, got) > TOLERANCE
             except Exception:  # noqa: BLE001 - an upstream crash is a result
                 result[f"{name}_errors"] += 1
                 wrong = True

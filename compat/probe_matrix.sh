@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The architecture probe on every release: bash compat/probe_matrix.sh [RELEASE ...]
-# One virtualenv (torch 2.13.0 CPU, pytest, hypothesis, hfpatch from the checkout) whose transformers
-# is swapped release by release; for each, tests/test_architectures.py (hfpatch.verify on every
-# covered model type the release ships, eager and SDPA) writes compat/results/probe/RELEASE.xml.
-# About an hour on one core for the 64 releases. Then: python3 compat/report.py
+# One virtualenv (torch, pytest, hypothesis, hfpatch from the checkout) whose transformers is swapped
+# release by release (compat/matrix.py installs each); for each, tests/test_architectures.py
+# (hfpatch.verify on every covered model type the release ships, eager and SDPA) writes
+# compat/results/probe/RELEASE.xml. About an hour on one core for the 64 releases. Then: python3 compat/report.py
 # A partial re-run: PROBE_K="olmo or phi-" PROBE_TAG=widened bash compat/probe_matrix.sh [RELEASE ...]
 # runs only the tests pytest -k selects and writes RELEASE.TAG.xml, whose results the report takes
 # over the full run's for those cells. PROBE_TESTS (default tests/test_architectures.py) and PROBE_DIR
@@ -12,9 +12,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 releases=("$@")
-[ ${#releases[@]} -gt 0 ] || mapfile -t releases < <(grep -v '^#' compat/releases.txt | sed '/^$/d')
+[ ${#releases[@]} -gt 0 ] || mapfile -t releases < <(python3 compat/matrix.py releases)
 venv=${PROBE_VENV:-.nox/probe}
-[ -x "$venv/bin/python" ] || { python3 -m venv "$venv" && "$venv/bin/pip" install -q torch==2.13.0 wrapt packaging pytest hypothesis; }
+[ -x "$venv/bin/python" ] || { python3 -m venv "$venv" && python3 compat/matrix.py setup "$venv/bin/python"; }
 "$venv/bin/pip" install -q --no-deps --force-reinstall .
 out=${PROBE_DIR:-compat/results/probe}
 read -r -a tests <<< "${PROBE_TESTS:-tests/test_architectures.py}"
@@ -24,15 +24,10 @@ select=()
 [ -z "${PROBE_K:-}" ] || select=(-k "$PROBE_K")
 git rev-parse --short HEAD > "$out/COMMIT$tag" 2>/dev/null || true  # the code this run tests
 for release in "${releases[@]}"; do
-  case $release in  # 4.20-4.25 pin tokenizers<0.13, which has no wheel for Python 3.11 (see noxfile.py)
-    4.2[0-5].*) "$venv/bin/pip" uninstall -q -y tokenizers  # a newer one fails transformers' import check
-                "$venv/bin/pip" install -q --no-deps "transformers==$release"
-                "$venv/bin/pip" install -q "huggingface_hub<1.0" regex requests pyyaml tqdm filelock numpy ;;
-    5.4.0) "$venv/bin/pip" install -q "transformers==$release" "huggingface_hub==1.5.0" ;;  # see noxfile.py
-    *) "$venv/bin/pip" install -q "transformers==$release" ;;
-  esac
+  python3 compat/matrix.py install "$release" "$venv/bin/python"
   if OMP_NUM_THREADS=1 "$venv/bin/python" -m pytest -q -p no:cacheprovider --tb=short "${tests[@]}" \
-      "${select[@]}" --junitxml="$out/$release$tag.xml" >"compat/results/logs/probe-$release$tag.log" 2>&1; then
+      "${select[@]}" --hypothesis-profile=matrix --junitxml="$out/$release$tag.xml" \
+      >"compat/results/logs/probe-$release$tag.log" 2>&1; then
     echo "$release ok"
   else
     echo "$release FAILED (see compat/results/logs/probe-$release$tag.log)"

@@ -25,22 +25,19 @@ from collections import Counter
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-RELEASES = [
-    line.strip()
-    for line in (HERE / "releases.txt").read_text().splitlines()
-    if line.strip() and not line.startswith("#")
-]
 sys.path.insert(0, str(HERE.parent))
 
 from packaging.version import Version  # noqa: E402
 
 import hfpatch  # noqa: E402  (registers the adapters)
-from hfpatch.gates import KNOWN_BAD, TESTED, support, upstream_bugs_on  # noqa: E402
+from hfpatch.support import KNOWN_BAD, TESTED, support  # noqa: E402
+from hfpatch.tiny import FLAGSHIPS  # noqa: E402
+
+from matrix import RELEASES, probe_verdict  # noqa: E402
 
 REGISTRY = hfpatch.registry()
-ARCHS = [name for name, adapter in REGISTRY.items() if adapter.flagship]  # the full suite's columns
+ARCHS = list(FLAGSHIPS)  # the full suite's columns
 PROBE_TEST = "test_verify_covered_architecture["
-NOT_SHIPPED = "is not in transformers"
 INVARIANTS = [  # (column, what it checks, (module, test-name prefix) pairs)
     ("I1", "padding / cache-split equivalence", [("test_seed_scenarios", ""), ("test_invariant", "")]),
     ("I2", "explicit inputs unchanged", [("test_unchanged", "test_explicit_")]),
@@ -238,9 +235,7 @@ def render(summary: dict) -> str:
         for arch in ARCHS:
             count = entry.get("cases", {}).get(arch, {})
             if "cases" in count:
-                bugs = upstream_bugs_on(REGISTRY[arch], Version(release))
-                marks = "".join(f"<sup>{footnote(f'upstream bug ({arch}): {why}')}</sup>" for why in bugs)
-                row += [_wrong(count, "stock"), _wrong(count, "hfpatch") + marks]
+                row += [_wrong(count, "stock"), _wrong(count, "hfpatch")]
             else:
                 row += ["n/a", "n/a"]
         lines.append("| " + " | ".join(row) + " |")
@@ -255,17 +250,7 @@ def probe_verdicts(summary: dict) -> dict:
     verdicts: dict = {}
     for release, entry in summary.items():
         for model_type, runs in entry.get("probe", {}).items():
-            outcomes = {run["outcome"] for run in runs.values()}
-            messages = " ".join(run["message"] for run in runs.values())
-            if "fail" in outcomes:
-                verdict = "fail"
-            elif "pass" in outcomes:
-                verdict = "pass"
-            elif NOT_SHIPPED in messages:
-                verdict = "absent"
-            else:
-                verdict = "outside"
-            verdicts.setdefault(model_type, {})[release] = verdict
+            verdicts.setdefault(model_type, {})[release] = probe_verdict(runs)
     return verdicts
 
 
@@ -327,7 +312,8 @@ def _render_probe(summary: dict) -> list[str]:
                 stock = max((run.get("stock", 0.0) for run in newest_run.values()), default=None)
                 fixed = max((run.get("hfpatch", 0.0) for run in newest_run.values()), default=None)
                 span = f"{ships[0]} - {ships[-1]} ({len(ships)})" if ships else "-"
-                cells = [model_type, adapter.cls, adapter.versions + adapter.exceptions, span]
+                holes = "".join(f", not {spec.removeprefix('==')}" for spec, _ in adapter.known_bad)
+                cells = [model_type, adapter.cls, adapter.versions + holes, span]
                 cells += [f"{len(passed)}/{len(declared)}"]
                 cells += [", ".join(failing) or "-", _num(stock), _num(fixed)]
                 lines.append("| " + " | ".join(cells) + " |")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The full release matrix, then the report: bash compat/run_matrix.sh [JOBS] [RELEASE ...]
-# Runs the nox session of every release in compat/releases.txt (or the ones named), JOBS at a time
+# Runs the nox session of every release in compat/matrix.py (or the ones named), JOBS at a time
 # (default 2; each uses one torch thread), deletes each virtualenv after its session (about 1 GB
 # each), then regenerates compat/REPORT.md and compat/summary.json from compat/results/.
 set -euo pipefail
@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 jobs=${1:-2}
 shift || true
 releases=("$@")
-[ ${#releases[@]} -gt 0 ] || mapfile -t releases < <(grep -v '^#' compat/releases.txt | sed '/^$/d')
+[ ${#releases[@]} -gt 0 ] || mapfile -t releases < <(python3 compat/matrix.py releases)
 envdir=${NOX_ENVDIR:-.nox}
 mkdir -p compat/results/logs
 run_one() {

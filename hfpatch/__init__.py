@@ -1,7 +1,7 @@
 """hfpatch: the right logits from Hugging Face transformers models with padding and KV caches.
 
 >>> import hfpatch
->>> hfpatch.apply()     # doctest: +SKIP
+>>> hfpatch.apply()           # doctest: +SKIP
 >>> print(hfpatch.status())   # doctest: +SKIP
 """
 
@@ -29,9 +29,9 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # hfpatch.positions and hfpatch.probe import torch; keep `import hfpatch` light until they are used
+    # hfpatch.positions and hfpatch.verification import torch: keep `import hfpatch` light until they are used
     if name == "positions":
         return importlib.import_module("hfpatch.positions")
     if name == "verify":
-        return importlib.import_module("hfpatch.probe").verify
+        return importlib.import_module("hfpatch.verification").verify
     raise AttributeError(f"module 'hfpatch' has no attribute {name!r}")

@@ -1,7 +1,7 @@
-"""``python -m hfpatch``: the doctor, and ``python -m hfpatch verify PATH_OR_TYPE`` (see doctor.py)."""
+"""``python -m hfpatch``: the command line (see ``python -m hfpatch --help``)."""
 
 import sys
 
-from .doctor import main
+from .cli import main
 
-sys.exit(main())
+sys.exit(main(prog="python -m hfpatch"))

@@ -5,11 +5,11 @@ Three families, told apart by what the object has, never by the release number:
 - legacy tuples ``((k, v), ...)`` (all releases up to 4.47 for Llama/Gemma, 4.57 for GPT-2): the length
   is the key's sequence dimension, a Python int;
 - growing ``Cache`` objects (``DynamicCache`` and friends, 4.36+): ``get_seq_length()``, a Python int;
-- static caches (``StaticCache``, 4.38+): a fixed capacity (a Python int) and a fill level that is a
-  tensor. 5.4+ keeps an exact counter (``cumulative_length``); 4.38-5.3 guessed it from the key
-  contents, wrong when the newest keys are zero. There hfpatch keeps a counter of its own on the
-  cache object (:func:`count_written`), which the cache's ``reset()`` clears; a cache it has not seen
-  written falls back to :func:`hfpatch.positions.static_fill_level`.
+- static caches (``StaticCache``, 4.38+): a fixed capacity (a Python int, read once per cache) and a
+  fill level that is a tensor. 5.4+ keeps an exact counter (``cumulative_length``); 4.38-5.3 guessed
+  it from the key contents, wrong when the newest keys are zero. There hfpatch keeps a counter of its
+  own on the cache object (:func:`count_written`), which the cache's ``reset()`` clears; only a cache
+  it has never seen written has its keys read (:func:`hfpatch.positions.static_fill_level`).
 """
 
 from __future__ import annotations
@@ -24,13 +24,15 @@ from .positions import static_fill_level
 __all__ = [
     "capacity",
     "count_written",
+    "counted_fill_level",
     "exact_fill_level",
-    "fill_level",
     "one_buffer_for_all_layers",
     "past_length",
+    "recount",
 ]
 
 COUNTER = "_hfpatch_written"  # on a 4.38-5.3 static cache: one past the last slot hfpatch saw written
+CAPACITY = "_hfpatch_capacity"  # on a cache object: its number of slots, or 0 for a cache that grows
 
 
 def past_length(cache: Any) -> int:
@@ -45,35 +47,48 @@ def past_length(cache: Any) -> int:
 
 
 def capacity(cache: Any) -> Optional[int]:
-    """Fixed number of slots of a static cache; ``None`` for a cache that grows (or no cache)."""
+    """Fixed number of slots of a static cache; ``None`` for a cache that grows (or no cache). Read from
+    the cache's layers once, then kept on the cache object (eager mode)."""
     if cache is None or isinstance(cache, (tuple, list)):
         return None
+    size = getattr(cache, CAPACITY, None)
+    if size is None:
+        size = _read_capacity(cache)
+        if not torch.compiler.is_compiling():
+            setattr(cache, CAPACITY, size)
+    return size or None
+
+
+def _read_capacity(cache: Any) -> int:
     layers = _layers(cache)
     if layers is not None:  # sliding-window layers hold fewer slots: the cache's length is the longest
         if not len(layers) or getattr(layers[0], "max_cache_len", None) is None:
-            return None  # growing layers (DynamicCache): decided by the first, at every decode step
+            return 0  # growing layers (DynamicCache, whose layers may be added later)
         size = 0
         for layer in layers:  # a plain loop: dynamo cannot trace max() over a generator
             layer_size = getattr(layer, "max_cache_len", None)
             size = layer_size if isinstance(layer_size, int) and layer_size > size else size
     else:
         size = getattr(cache, "max_cache_len", None)  # StaticCache 4.38-4.53
-    return size if isinstance(size, int) and size > 0 else None
+    return size if isinstance(size, int) and size > 0 else 0
 
 
-def fill_level(cache: Any) -> Union[int, torch.Tensor]:
-    """Filled slots of a static cache: the exact counter where the release keeps one (5.4+); else
-    hfpatch's own count of the slots written, or one past the last slot written in the first layer's
-    keys if that is further (a write hfpatch did not see). A 0-d tensor, or 0 before the first write."""
-    level = exact_fill_level(cache)
-    if level is not None:
-        return level
-    keys = _first_layer_keys(cache)
-    guess = 0 if keys is None else static_fill_level(keys)
+def exact_fill_level(cache: Any) -> Optional[Union[int, torch.Tensor]]:
+    """The static cache's own counter (``cumulative_length``, 5.4+), or ``None`` where it keeps none."""
+    layers = _layers(cache)
+    counter = _first_layer_attr(layers, "cumulative_length") if layers is not None else None
+    return cache.get_seq_length() if isinstance(counter, torch.Tensor) else None
+
+
+def counted_fill_level(cache: Any) -> Union[int, torch.Tensor]:
+    """Filled slots of a 4.38-5.3 static cache: hfpatch's own count (a 0-d tensor) where it keeps one;
+    for a cache it has never seen written, one past the last slot written in the first layer's keys
+    (0 before the first write). Only that first read costs time proportional to the cache's length."""
     counter = getattr(cache, COUNTER, None)
-    if counter is None:
-        return guess
-    return torch.maximum(counter, guess) if isinstance(guess, torch.Tensor) else counter
+    if counter is not None:
+        return counter
+    keys = _first_layer_keys(cache)
+    return 0 if keys is None else static_fill_level(keys)
 
 
 def count_written(cache: Any, end: Union[int, torch.Tensor], device: torch.device) -> None:
@@ -96,6 +111,14 @@ def count_written(cache: Any, end: Union[int, torch.Tensor], device: torch.devic
         counter.fill_(end)
 
 
+def recount(cache: Any, cache_position: torch.Tensor) -> None:
+    """A call that passed its own ``cache_position`` (and ``position_ids``): a count hfpatch keeps on
+    this cache follows it; a cache it does not count costs nothing."""
+    counter = getattr(cache, COUNTER, None)
+    if counter is not None:
+        counter.copy_(cache_position.reshape(-1)[-1] + 1)
+
+
 def _reset_and_clear(self: Any) -> Any:
     """The ``reset`` of a cache hfpatch counts: clear the count, then the class's own reset. A bound
     method (not a closure), so that a deep copy of the cache resets its own count."""
@@ -106,13 +129,6 @@ def _reset_and_clear(self: Any) -> Any:
 
 
 _reset_and_clear.__name__ = "reset"  # what the instance attribute is called (pickling looks it up)
-
-
-def exact_fill_level(cache: Any) -> Optional[Union[int, torch.Tensor]]:
-    """The static cache's own counter (``cumulative_length``, 5.4+), or ``None`` where it keeps none."""
-    layers = _layers(cache)
-    counter = _first_layer_attr(layers, "cumulative_length") if layers is not None else None
-    return cache.get_seq_length() if isinstance(counter, torch.Tensor) else None
 
 
 def one_buffer_for_all_layers(cache: Any) -> bool:

@@ -1,17 +1,20 @@
 """The patching engine: one registry, one lock, and the same install / revert / report for every adapter.
 
-An adapter is patched when something wants it (``apply()``, or a ``patched()`` block still open), its
-release range admits the installed transformers, and its module has been imported: at once if it
-already was, otherwise from a wrapt post-import hook when the user imports it. ``apply()`` itself
-imports no ``transformers.models`` module. The class's own ``forward`` is replaced, so models built
-earlier are fixed too.
+An adapter's patch is installed when something wants it (``apply()``, or a ``patched()`` block still
+open in some thread), its release range admits the installed transformers, and its module has been
+imported: at once if it already was, otherwise from a wrapt post-import hook when the user imports
+it. ``apply()`` itself imports no ``transformers.models`` module. The class's own ``forward`` is
+replaced, so models built earlier are fixed too.
 
-Who wants an adapter: ``apply()`` pins it (until ``revert()``); each open ``patched()`` block holds
-it with a token of its own. A block's exit removes only its token, and the patch goes when nothing
-pins or holds it any more. ``revert()`` clears both, whoever set them.
+Who gets the patched result: ``apply()`` pins an adapter for the whole process (until
+``revert()``). ``patched()`` and ``unpatched()`` blocks decide for their own thread only (like
+``torch.no_grad()``): the installed forward reads this thread's choice (:data:`THREADS`) at each eager
+call, so a block in one thread never changes what another thread computes. Compiled code is traced
+once and follows the installed patch.
 """
 
 import contextlib
+import difflib
 import sys
 import threading
 import types
@@ -20,17 +23,12 @@ from collections.abc import Iterable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any, Callable, NamedTuple, Optional, Union
 
-from .gates import (
-    NEWEST_TESTED,
-    UNTESTED_NEWER,
-    Adapter,
-    Undeclared,
-    installed_transformers,
-    read_plan,
-    support,
-)
+from .declarations import Adapter, Undeclared
+from .plans import read_plan
+from .support import NEWEST_TESTED, UNTESTED_NEWER, installed_transformers, support
 
 __all__ = [
+    "THREADS",
     "AdapterStatus",
     "Status",
     "apply",
@@ -39,6 +37,7 @@ __all__ = [
     "register_all",
     "registry",
     "revert",
+    "select",
     "status",
     "unpatched",
 ]
@@ -52,20 +51,48 @@ Archs = Union[str, Iterable[str], None]
 
 
 class _State:
-    __slots__ = ("pinned", "holders", "hooked", "owner", "original", "patch", "skip_reason")
+    __slots__ = ("pinned", "holders", "hooked", "owner", "original", "patch", "skip_reason", "switch")
 
     def __init__(self) -> None:
-        self.pinned = False  # apply() asked for it (until revert())
-        self.holders: set[object] = set()  # tokens of the patched() blocks still open
+        self.pinned = False  # apply() asked for it (until revert()); the patched forward reads it
+        self.holders: set[object] = set()  # tokens of the patched() blocks still open, in any thread
         self.hooked = False  # a post-import hook is registered for its module (wrapt keeps hooks forever)
         self.owner: Any = None  # the class patched
         self.original: Optional[Callable] = None
         self.patch: Optional[Callable] = None
         self.skip_reason: Optional[str] = None
+        self.switch: Optional[tuple[str, Any]] = None  # (name, the class attribute it replaced): SdpaSwitch
 
     @property
     def wanted(self) -> bool:
         return self.pinned or bool(self.holders)
+
+
+class _Threads(threading.local):
+    """What the calling thread chose (class attributes are every new thread's defaults)."""
+
+    overrides: Optional[dict[str, bool]] = None  # adapter -> patched here?, set by patched()/unpatched()
+    eager_mask: bool = False  # see SdpaSwitch
+
+
+THREADS = _Threads()
+
+
+class SdpaSwitch:
+    """Installed as a base-model class's boolean attribute (``Adapter.eager_mask``: ``_use_sdpa``,
+    4.36-4.37) while the class is patched. Instances keep their own value; it reads False in a thread
+    whose current call asked for transformers' eager 4-D mask, so that no instance is ever changed."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, instance: Any, owner: Any = None) -> Any:
+        if instance is None:
+            return self
+        return False if THREADS.eager_mask else instance.__dict__.get(self.name, False)
+
+    def __set__(self, instance: Any, value: Any) -> None:
+        instance.__dict__[self.name] = value
 
 
 _lock = threading.RLock()
@@ -191,7 +218,7 @@ def apply(archs: Archs = None) -> Status:
     >>> hfpatch.apply(["qwen2"])       # doctest: +SKIP
     """
     with _lock:
-        _want(_select(archs), holder=None)
+        _want(select(archs), holder=None)
         _rebind_hooked()
         return status()
 
@@ -242,7 +269,7 @@ def revert(archs: Archs = None) -> Status:
     """Restore the exact original ``forward`` function objects of every adapter (or the named ones),
     whoever applied them."""
     with _lock:
-        _unwant(_select(archs))
+        _unwant(select(archs))
         _rebind_hooked()
         return status()
 
@@ -258,24 +285,25 @@ def _unwant(names: list[str]) -> None:
 
 @contextlib.contextmanager
 def patched(archs: Archs = None) -> Iterator[Status]:
-    """Apply on entry; on exit undo only what this block applied: an adapter stays patched while
-    ``apply()`` pinned it (before or during the block, in any thread) or another open block holds it.
+    """Patched results in this thread inside the block (every adapter, or the named ones), whatever
+    ``apply()`` says; other threads are not affected. On exit the thread's previous choice is back, and
+    a patch installed only for this block is removed. Blocks nest; ``revert()`` inside one wins.
 
     >>> with hfpatch.patched():        # doctest: +SKIP
     ...     logits = model(input_ids, attention_mask=mask).logits
     """
     token = object()
     with _lock:
-        names = _select(archs)
-        _open_blocks.add(token)
+        names = select(archs)
         _want(names, holder=token)
         _rebind_hooked()
-        result = status()
+    previous = THREADS.overrides
+    THREADS.overrides = {**(previous or {}), **dict.fromkeys(names, True)}
     try:
-        yield result
+        yield status()
     finally:
+        THREADS.overrides = previous
         with _lock:
-            _open_blocks.discard(token)
             for name in names:
                 state = _states[name]
                 state.holders.discard(token)
@@ -286,31 +314,21 @@ def patched(archs: Archs = None) -> Iterator[Status]:
 
 @contextlib.contextmanager
 def unpatched(archs: Archs = None) -> Iterator[Status]:
-    """Run a block on stock transformers for every adapter (or the named ones), then restore exactly
-    what was patched, pinned and held before (a ``patched()`` block that ended meanwhile excepted).
-    What other threads apply meanwhile stays.
+    """Stock transformers in this thread inside the block (every adapter, or the named ones): the
+    patched forward calls the original at once. Nothing global changes: other threads keep what they
+    had, and on exit this thread's previous choice is back. For comparing with stock (``verify``, the
+    doctor and the tests use it). Compiled code is traced once and does not follow it.
 
     >>> with hfpatch.unpatched(["gpt2"]):   # doctest: +SKIP
     ...     stock_logits = model(input_ids, attention_mask=mask).logits
     """
-    with _lock:
-        names = _select(archs)
-        saved = {name: (_states[name].pinned, set(_states[name].holders)) for name in names}
-        _unwant(names)  # so that an import inside the block is not patched by its hook
-        _rebind_hooked()
-        result = status()
+    names = select(archs)
+    previous = THREADS.overrides
+    THREADS.overrides = {**(previous or {}), **dict.fromkeys(names, False)}
     try:
-        yield result
+        yield status()
     finally:
-        with _lock:
-            for name, (pinned, holders) in saved.items():
-                state = _states[name]
-                state.pinned |= pinned
-                state.holders |= holders & _open_blocks
-                module = sys.modules.get(_registry[name].module)
-                if state.wanted and module is not None:
-                    _install(_registry[name], state, module)
-            _rebind_hooked()
+        THREADS.overrides = previous
 
 
 def status() -> Status:
@@ -337,19 +355,25 @@ def applied_by(how: str) -> None:
 def _adapter_status(name: str, adapter: Adapter, version: Any) -> AdapterStatus:
     state = _states[name]
     verdict = support(adapter, version)
-    if state.patch is not None:
+    here = (THREADS.overrides or {}).get(name)  # this thread's patched()/unpatched() choice, if any
+    if state.patch is not None and (state.pinned if here is None else here):
         entry = (APPLIED, verdict.reason)
     elif state.skip_reason is not None:
         entry = (SKIPPED, state.skip_reason)
-    elif state.wanted:
+    elif here is False:
+        entry = (NOT_APPLIED, "stock in this thread: inside hfpatch.unpatched()")
+    elif state.wanted and state.patch is None:
         entry = (WAITING, f"patched when {adapter.module} is imported; {verdict.reason}")
+    elif state.patch is not None:
+        entry = (NOT_APPLIED, "patched only inside other threads' hfpatch.patched() blocks")
     else:
         entry = (NOT_APPLIED, "hfpatch.apply() has not been called (or revert() was)")
     return AdapterStatus(name, adapter.target, adapter.versions, *entry, verdict.level)
 
 
-def _select(archs: Archs) -> list[str]:
-    """Adapter names for ``archs`` (model types; an alias selects its adapter)."""
+def select(archs: Archs) -> list[str]:
+    """Adapter names for ``archs`` (model types; an alias selects its adapter); ``None``: every one.
+    ``ValueError`` for a model type hfpatch does not patch, with the reason or the nearest names."""
     if archs is None:
         return list(_registry)
     names = [archs] if isinstance(archs, str) else list(archs)
@@ -362,7 +386,13 @@ def _select(archs: Archs) -> list[str]:
         raise ValueError(f"archs: hfpatch does not patch {'; '.join(not_patched)}")
     unknown = [n for n in names if n not in _registry and n not in _aliases]
     if unknown:
-        raise ValueError(f"archs: unknown model type(s) {unknown}; known: {', '.join(_registry)}")
+        known = [*_registry, *_aliases, *_undeclared]
+        hints = [
+            f"{n!r}" + (f" (did you mean {' or '.join(close)}?)" if close else "")
+            for n in unknown
+            for close in [difflib.get_close_matches(n, known, n=3)]
+        ]
+        raise ValueError(f"archs: unknown model type {', '.join(hints)}; hfpatch.status() lists every one")
     return list(dict.fromkeys(_aliases.get(n, n) for n in names))
 
 
@@ -389,7 +419,7 @@ def _install(adapter: Adapter, state: _State, module: Any) -> None:
         reason = f"{adapter.target} is already an hfpatch patch (two hfpatch copies imported?)"
     else:
         try:
-            plan = read_plan(adapter, original)
+            plan = read_plan(adapter, original, owner)
         except TypeError as exc:
             reason = str(exc)
     if reason is not None:
@@ -399,8 +429,12 @@ def _install(adapter: Adapter, state: _State, module: Any) -> None:
         return
     from .forward import make_forward  # imports torch: only now, when transformers has loaded it anyway
 
-    state.owner, state.original, state.patch = owner, original, make_forward(adapter, original, plan)
+    state.owner, state.original, state.patch = owner, original, make_forward(adapter, original, plan, state)
     state.skip_reason = None
+    if plan.eager_mask_attr is not None:
+        name = plan.eager_mask_attr
+        state.switch = (name, owner.__dict__.get(name))
+        type.__setattr__(owner, name, SdpaSwitch(name))
     type.__setattr__(owner, "forward", state.patch)
     _swapped[original] = state.patch
 
@@ -411,7 +445,13 @@ def _uninstall(state: _State) -> None:
         if state.owner.__dict__.get("forward") is state.patch:
             type.__setattr__(state.owner, "forward", state.original)
             _swapped[state.patch] = state.original
-        state.owner = state.original = state.patch = None
+        if state.switch is not None:
+            name, before = state.switch
+            if before is None:
+                type.__delattr__(state.owner, name)
+            else:
+                type.__setattr__(state.owner, name, before)
+        state.owner = state.original = state.patch = state.switch = None
 
 
 HOOK_ATTRIBUTES = ("_old_forward", "forward")  # accelerate's add_hook_to_module / remove_hook_from_module

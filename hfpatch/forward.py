@@ -1,7 +1,7 @@
 """The patched ``forward``: fill in what the caller left out, then call the original with keywords.
 
-Rules, the same for every architecture and release (the target's :class:`~hfpatch.gates.Plan`
-says which apply):
+Rules, the same for every architecture and release (the target's :class:`~hfpatch.plans.Plan` picks
+the filler that applies, once, when the class is patched):
 
 1. The cache may be passed as ``cache=`` or ``past_key_values=`` (or by position); it is handed on
    under the name the release uses, or under the caller's old name where the release still takes it
@@ -9,20 +9,22 @@ says which apply):
    a ``ValueError`` unless they are the same object.
 2. ``position_ids`` missing and a 2-D ``attention_mask`` given: positions come from the mask
    (:func:`hfpatch.positions.new_token_positions`), over past + new tokens, so pads and the holes of a
-   padded cached prefix are skipped. No mask or a 4-D mask: untouched.
-3. ``cache_position`` missing on a release that has the parameter and a static cache: derived from
-   the mask (mask length - new tokens) or the cache's fill level, never from the buggy
-   ``.any()`` guess (transformers #30377) and without the 4.39-4.40 "required" error. Growing caches
-   and tuples keep transformers' own (correct) derivation.
+   padded cached prefix are skipped. No mask, or a 4-D mask: untouched.
+3. ``cache_position`` missing on a release that has the parameter (4.38-5.3) and a static cache:
+   derived from the mask (mask length - new tokens) or hfpatch's count of the slots written, never
+   from the buggy ``.any()`` guess (transformers #30377) and without the 4.39-4.40 "required" error.
+   Growing caches and tuples keep transformers' own (correct) derivation.
 4. ``cache_position`` passed to a release that removed it (5.4+): it must name the slots the cache
-   is about to write (checked in eager mode, ``ValueError`` otherwise); it locates the new tokens in a
-   full-length mask, and with no mask it sets ``position_ids = cache_position[None]`` as 4.x did.
-   It is not forwarded: those releases would swallow and ignore it.
+   is about to write (``ValueError`` otherwise); it locates the new tokens in a full-length mask, and
+   with no mask it sets ``position_ids = cache_position[None]`` as 4.x did. It is not forwarded:
+   those releases would swallow and ignore it.
 5. Whatever the caller passed explicitly (``position_ids``, ``cache_position`` where the release has
-   it) is forwarded unchanged.
+   it) is forwarded unchanged; with both, hfpatch derives nothing.
 
 Only shapes, Python facts about the arguments and tensor ops are used: the function traces under
-``torch.compile(fullgraph=True)``. Value checks that need a device sync run in eager mode only.
+``torch.compile(fullgraph=True)``. The two checks that read a tensor's values (a passed
+``cache_position``, a mask against a 5.4+ static cache's counter) run in eager mode on CPU tensors
+only: on an accelerator, reading a value waits for the device.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ from typing import Any, Callable, Optional, Union
 import torch
 
 from . import caches
-from .gates import CACHE_NAMES, Adapter, Plan
+from .engine import THREADS
+from .plans import CACHE_NAMES, NO_SLOTS, SLOTS, SLOTS_REMOVED, Plan
 from .positions import cache_positions, new_token_positions
 
 __all__ = ["make_forward"]
@@ -41,59 +44,51 @@ __all__ = ["make_forward"]
 Past = Union[int, torch.Tensor]  # cached tokens before this call: an int, or a 0-d tensor (static caches)
 
 
-def make_forward(adapter: Adapter, original: Callable, plan: Plan) -> Callable:
+def make_forward(adapter: Any, original: Callable, plan: Plan, switch: Any) -> Callable:
     """Build the plain function installed as ``adapter``'s ``forward`` (no wrapt proxy: dynamo needs it).
 
-    What the signature says is in ``plan``, read once at install time; the per-call path binds
-    positional arguments, renames the cache, exits early when there is nothing to fill in, and fills in.
-    """
-    cache_kw, slots_param, swallows = plan.cache_kw, plan.has_cache_position, plan.swallows_cache_position
-    eager_mask_attr, old_cache_kw = plan.eager_mask_attr, plan.old_cache_kw
+    ``switch.pinned``: whether ``apply()`` holds the patch process-wide; in eager mode a thread's own
+    ``patched()`` / ``unpatched()`` blocks decide for that thread (:data:`hfpatch.engine.THREADS`)."""
+    arch, fill, cache_kw, eager_mask = adapter.arch, FILLERS[plan.era], plan.cache_kw, plan.eager_mask_attr
 
     @functools.wraps(original)  # keeps __wrapped__, so inspect.signature shows the original parameters
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        compiling = torch.compiler.is_compiling()
+        if not compiling:  # compiled code is traced once: the thread has no say
+            overrides = THREADS.overrides
+            if not (switch.pinned if overrides is None else overrides.get(arch, switch.pinned)):
+                return original(self, *args, **kwargs)
         if args:
             _bind_positional(adapter, plan, args, kwargs)
-        cache = _take_cache(cache_kw, old_cache_kw, kwargs) if cache_kw is not None else None
-        mask = kwargs.get("attention_mask")
-        # a 4-D mask, or a non-tensor one (a flex-attention BlockMask), is the caller's own: untouched
-        derive_positions = (
-            kwargs.get("position_ids") is None and isinstance(mask, torch.Tensor) and mask.dim() != 4
-        )
-        given_slots = kwargs.get("cache_position")
-        swallowed = swallows and given_slots is not None
-        if swallowed:
-            del kwargs["cache_position"]
-        # slots_param: the 4.38-5.3 era, where a static cache's slots are derived (missing) or counted
-        if derive_positions or slots_param or swallowed:
-            _fill(self, adapter, kwargs, cache, given_slots, derive_positions, slots_param, swallowed)
-        if eager_mask_attr is not None and derive_positions and _continues_a_prefix(kwargs, mask):
-            return _with_eager_mask(self, eager_mask_attr, original, kwargs)
+        cache = _take_cache(plan, kwargs) if cache_kw is not None else None
+        if eager_mask is not None and not compiling and _continues_a_prefix(kwargs):
+            fill(self, plan, kwargs, cache)
+            return _with_eager_mask(original, self, kwargs)
+        fill(self, plan, kwargs, cache)
         return original(self, **kwargs)
 
-    forward.__hfpatch_adapter__ = adapter.arch  # type: ignore[attr-defined]
+    forward.__hfpatch_adapter__ = arch  # type: ignore[attr-defined]
     return forward
 
 
-def _continues_a_prefix(kwargs: dict, mask: torch.Tensor) -> bool:
-    """Several new tokens after a cached prefix (the calls 4.36-4.37's SDPA mask code gets wrong)."""
-    tokens = kwargs.get("input_ids")
-    tokens = tokens if tokens is not None else kwargs.get("inputs_embeds")
-    return tokens is not None and mask.dim() == 2 and 1 < tokens.shape[1] < mask.shape[1]
+def _continues_a_prefix(kwargs: dict) -> bool:
+    """Positions to derive for several new tokens after a cached prefix: the calls 4.36-4.37's SDPA
+    mask code (``_unmask_unattended``) gets wrong (``Adapter.eager_mask``)."""
+    mask, tokens = _mask_to_read(kwargs), _inputs(kwargs)
+    return mask is not None and mask.dim() == 2 and tokens is not None and 1 < tokens.shape[1] < mask.shape[1]
 
 
-def _with_eager_mask(model: Any, attribute: str, original: Callable, kwargs: dict) -> Any:
-    """Call ``original`` with the model's SDPA mask switch off (see ``Adapter.eager_mask``)."""
-    if not getattr(model, attribute, False):
-        return original(model, **kwargs)
-    setattr(model, attribute, False)
+def _with_eager_mask(original: Callable, model: Any, kwargs: dict) -> Any:
+    """Call ``original`` with the model's SDPA switch reading False in this thread (see
+    :class:`hfpatch.engine.SdpaSwitch`), so that transformers builds its eager 4-D mask."""
+    THREADS.eager_mask = True
     try:
         return original(model, **kwargs)
     finally:
-        setattr(model, attribute, True)
+        THREADS.eager_mask = False
 
 
-def _bind_positional(adapter: Adapter, plan: Plan, args: tuple, kwargs: dict) -> None:
+def _bind_positional(adapter: Any, plan: Plan, args: tuple, kwargs: dict) -> None:
     if len(args) > len(plan.positional):
         raise TypeError(
             f"{adapter.cls}.forward() takes {len(plan.positional)} positional arguments after self "
@@ -105,88 +100,224 @@ def _bind_positional(adapter: Adapter, plan: Plan, args: tuple, kwargs: dict) ->
         kwargs[name] = value
 
 
-def _take_cache(cache_kw: str, old_cache_kw: Optional[str], kwargs: dict) -> Any:
+def _take_cache(plan: Plan, kwargs: dict) -> Any:
     """Pop the cache from either name and put it back under the release's name, or under the old
     name the caller used where the release still takes it (so that its own warning reaches them)."""
     new, old = kwargs.pop(CACHE_NAMES[0], None), kwargs.pop(CACHE_NAMES[1], None)
     if new is not None and old is not None and new is not old:
         raise ValueError(
             "got two different caches, `cache=` and `past_key_values=`: pass one "
-            f"(this release calls it `{cache_kw}`)"
+            f"(this release calls it `{plan.cache_kw}`)"
         )
     cache = new if new is not None else old
     if cache is not None:
-        kwargs[old_cache_kw if new is None and old_cache_kw == CACHE_NAMES[1] else cache_kw] = cache
+        renamed = new is None and plan.old_cache_kw == CACHE_NAMES[1]
+        kwargs[plan.old_cache_kw if renamed else plan.cache_kw] = cache
     return cache
 
 
-def _fill(
-    model: Any,
-    adapter: Adapter,
-    kwargs: dict,
-    cache: Any,
-    given_slots: Optional[torch.Tensor],
-    derive_positions: bool,
-    slots_param: bool,
-    swallowed: bool,
-) -> None:
-    """Fill ``kwargs`` in place, following the rules in this module's docstring."""
-    static = cache if cache is not None else _attached_cache(model, adapter.family.attached_cache)
-    capacity = caches.capacity(static)
-    counted = slots_param and capacity is not None and caches.exact_fill_level(static) is None
-    derive_slots = counted and given_slots is None  # growing caches: transformers' own slots are right
-    if not (derive_positions or counted or swallowed):
+# --- the fillers: one per era, chosen by the plan ---------------------------------------------------
+
+
+def fill_positions(model: Any, plan: Plan, kwargs: dict, cache: Any) -> None:
+    """Releases without ``cache_position`` (and the growing caches of every release): positions only."""
+    mask = _mask_to_read(kwargs)
+    tokens = _inputs(kwargs) if mask is not None else None
+    if tokens is None:
         return
-    if derive_slots and cache is not None and caches.one_buffer_for_all_layers(cache):
+    num_new, mask_len = tokens.shape[1], _checked_length(mask, tokens)
+    past = _past(cache, num_new, mask_len, strict=True)
+    kwargs["position_ids"] = new_token_positions(mask, num_new, _where_new(num_new, past, mask_len))
+
+
+def fill_slots(model: Any, plan: Plan, kwargs: dict, cache: Any) -> None:
+    """4.38-5.3, where ``cache_position`` is a parameter: positions, and with a static cache the slots
+    the caller left out (kept exact by hfpatch's count of the slots written)."""
+    static = cache
+    if static is None and plan.attached_cache is not None:
+        static = _attached_cache(model, plan.attached_cache)
+    given = kwargs.get("cache_position")
+    if given is not None and kwargs.get("position_ids") is not None:
+        caches.recount(static, given)  # nothing to derive; a count hfpatch keeps stays current
+        return
+    size = caches.capacity(static)
+    if size is None:  # a growing cache (or none): transformers' own slots are right
+        fill_positions(model, plan, kwargs, cache)
+        return
+    tokens = _inputs(kwargs)
+    if tokens is None:
+        return
+    num_new, mask = tokens.shape[1], _mask_to_read(kwargs)
+    if mask is not None:
+        _checked_length(mask, tokens)
+    if given is not None:  # the caller's slots, forwarded unchanged
+        caches.count_written(static, given.reshape(-1)[-1] + 1, tokens.device)
+        if mask is not None:
+            kwargs["position_ids"] = new_token_positions(mask, num_new, given)
+        return
+    if cache is not None and caches.one_buffer_for_all_layers(cache):
         raise ValueError(
-            "past_key_values: transformers < 4.41 cannot run a StaticCache passed as the cache argument "
+            f"{plan.cache_kw}: transformers < 4.41 cannot run a StaticCache passed as the cache argument "
             "(all layers write one buffer; it fails or gives wrong logits even with cache_position). "
             "Attach it with model._setup_cache(StaticCache, batch_size, max_cache_len) and pass no cache, "
             "or use transformers >= 4.41"
         )
+    mask_len = _mask_length(kwargs)
+    past = _static_past(static, size, num_new, mask_len, strict=mask is not None)
+    kwargs["cache_position"] = cache_positions(num_new, past, tokens.device)
+    caches.count_written(static, past + num_new, tokens.device)
+    if mask is not None:
+        kwargs["position_ids"] = new_token_positions(mask, num_new, _where_new(num_new, past, mask_len))
+
+
+def fill_removed_slots(model: Any, plan: Plan, kwargs: dict, cache: Any) -> None:
+    """5.4+, where ``cache_position`` is gone (``**kwargs`` would swallow it): positions, and a passed
+    ``cache_position`` checked and used to locate the new tokens instead of ignored."""
+    given = kwargs.pop("cache_position", None)
+    if given is None:
+        fill_positions(model, plan, kwargs, cache)
+        return
+    tokens = _inputs(kwargs)
+    if tokens is None:
+        return
+    num_new, mask = tokens.shape[1], _mask_to_read(kwargs)
+    if mask is not None:
+        _checked_length(mask, tokens)
+    past = _past(cache, num_new, _mask_length(kwargs), strict=mask is not None)
+    if _may_read(given):
+        _check_given_slots(given, cache_positions(num_new, past))
+    if mask is not None:
+        kwargs["position_ids"] = new_token_positions(mask, num_new, given)
+    elif kwargs.get("position_ids") is None and kwargs.get("attention_mask") is None:
+        kwargs["position_ids"] = given.reshape(1, -1)
+
+
+FILLERS: dict[str, Callable[[Any, Plan, dict, Any], None]] = {
+    NO_SLOTS: fill_positions,
+    SLOTS: fill_slots,
+    SLOTS_REMOVED: fill_removed_slots,
+}
+
+
+# --- helpers -----------------------------------------------------------------------------------------
+
+
+def _mask_to_read(kwargs: dict) -> Optional[torch.Tensor]:
+    """The mask positions are derived from: ``None`` when the caller passed ``position_ids``, or no
+    mask, or a 4-D mask or a non-tensor one (a flex-attention ``BlockMask``): those are the caller's."""
+    if kwargs.get("position_ids") is not None:
+        return None
+    mask = kwargs.get("attention_mask")
+    return mask if isinstance(mask, torch.Tensor) and mask.dim() != 4 else None
+
+
+def _mask_length(kwargs: dict) -> Optional[int]:
+    """The number of columns of a 2-D mask, passed for positions or not (it may locate the new tokens)."""
+    mask = kwargs.get("attention_mask")
+    return mask.shape[1] if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
+
+
+def _inputs(kwargs: dict) -> Optional[torch.Tensor]:
+    """``input_ids`` ``[batch, new]`` or ``inputs_embeds`` ``[batch, new, hidden]``; ``None`` for none
+    (transformers raises its own error) or GPT-2's multiple-choice ``[batch, choices, tokens]`` (stock)."""
     tokens, rank = kwargs.get("input_ids"), 2
     if tokens is None:
         tokens, rank = kwargs.get("inputs_embeds"), 3
-    if tokens is None or tokens.dim() != rank:
-        return  # no inputs (transformers raises its own error), or GPT-2's [batch, choices, tokens]: stock
-    mask = kwargs.get("attention_mask")
-    batch, num_new = tokens.shape[0], tokens.shape[1]
-    if derive_positions:
-        _check_mask(mask, batch)
-    mask_len = mask.shape[1] if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
-
-    slots: Union[int, torch.Tensor]
-    if given_slots is not None and not swallowed:
-        slots = given_slots  # the caller's, forwarded unchanged
-        if counted:
-            caches.count_written(static, given_slots.reshape(-1)[-1] + 1, tokens.device)
-    else:
-        if capacity is None:
-            past: Past = _growing_past(static, num_new, mask_len if derive_positions else None)
-        else:
-            past = _static_past(static, capacity, num_new, mask_len, derive_positions)
-        if isinstance(past, int):
-            slots = past
-        else:  # a static cache's fill level, a 0-d tensor: one new token's slot is the level itself
-            slots = past.reshape(1) if num_new == 1 else cache_positions(num_new, past)
-        if derive_slots:
-            kwargs["cache_position"] = cache_positions(num_new, past, tokens.device)
-        if counted:
-            caches.count_written(static, past + num_new, tokens.device)
-        if swallowed:
-            if not torch.compiler.is_compiling():
-                _check_swallowed(given_slots, cache_positions(num_new, past, tokens.device))
-            slots = given_slots
-            if mask is None and kwargs.get("position_ids") is None:
-                kwargs["position_ids"] = given_slots.reshape(1, -1)
-    if derive_positions:
-        kwargs["position_ids"] = new_token_positions(mask, num_new, slots)
+    return tokens if tokens is not None and tokens.dim() == rank else None
 
 
-def _attached_cache(model: Any, path: Optional[str]) -> Any:
-    """The static cache at ``path`` on the model (4.38-4.40 ``_setup_cache``), if any."""
-    if path is None:
+def _checked_length(mask: torch.Tensor, tokens: torch.Tensor) -> int:
+    """The mask's length, after checking that it is 2-D and has the inputs' batch size."""
+    if mask.dim() != 2:
+        raise ValueError(
+            "attention_mask must be 2-D [batch, past + new tokens] (or a 4-D custom mask), "
+            f"got shape {tuple(mask.shape)}"
+        )
+    if mask.shape[0] != tokens.shape[0]:
+        raise ValueError(
+            f"attention_mask has batch size {mask.shape[0]}, but the inputs have {tokens.shape[0]}"
+        )
+    return mask.shape[1]
+
+
+def _past(cache: Any, num_new: int, mask_len: Optional[int], strict: bool) -> Past:
+    """Cached tokens before this call. ``strict`` (positions are read from the mask): a mask that does
+    not span past + new tokens (or a static cache's full length) is a ``ValueError``."""
+    size = caches.capacity(cache)
+    if size is not None:
+        return _static_past(cache, size, num_new, mask_len, strict)
+    past = caches.past_length(cache)
+    if strict and mask_len != past + num_new:
+        raise ValueError(
+            f"attention_mask has {mask_len} columns, but the cache holds {past} tokens and {num_new} "
+            f"are new: expected {past + num_new} (past + new tokens)"
+        )
+    return past
+
+
+def _where_new(num_new: int, past: Past, mask_len: Optional[int]) -> Optional[torch.Tensor]:
+    """Where the new tokens sit in the mask, for :func:`new_token_positions`: ``None`` for its last
+    columns (a mask of past + new tokens), else their slots (a static cache's full-length mask)."""
+    if isinstance(past, int) and mask_len == past + num_new:
         return None
+    if isinstance(past, torch.Tensor) and num_new == 1:  # one decode step: the fill level itself
+        return past.reshape(1)
+    return cache_positions(num_new, past)
+
+
+def _static_past(cache: Any, capacity: int, num_new: int, mask_len: Optional[int], strict: bool) -> Past:
+    """Where a static cache writes next. A mask of past + new tokens says it exactly; with a full-length
+    mask or none, the cache's fill level does: its own counter (5.4+) or hfpatch's count (4.38-5.3).
+    ``strict`` (positions are read from the mask): any other mask length is a ``ValueError``; otherwise
+    the mask is only used when it says past + new."""
+    if mask_len is not None and mask_len != capacity:
+        if num_new <= mask_len < capacity:
+            past = mask_len - num_new
+            _check_counter(cache, capacity, past, num_new, mask_len)
+            return past
+        if strict:
+            raise ValueError(
+                f"attention_mask has {mask_len} columns, but the static cache has {capacity} slots and "
+                f"{num_new} tokens are new: expected past + new tokens (at most {capacity}) or {capacity}"
+            )
+    level = caches.exact_fill_level(cache)
+    return level if level is not None else caches.counted_fill_level(cache)
+
+
+def _check_counter(cache: Any, capacity: int, past: int, num_new: int, mask_len: int) -> None:
+    """Where the cache keeps an exact counter (5.4+), the mask's length must agree with it."""
+    counter = caches.exact_fill_level(cache)
+    if counter is None or not _may_read(counter):
+        return
+    if int(counter) != past:
+        raise ValueError(
+            f"attention_mask has {mask_len} columns for {num_new} new tokens, so {past} cached ones, "
+            f"but the static cache holds {int(counter)}: expected {int(counter) + num_new} columns "
+            f"(past + new tokens) or {capacity} (the cache's full length)"
+        )
+
+
+def _may_read(tensor: Any) -> bool:
+    """Whether an eager check may read ``tensor``'s values: on the CPU, where that is free. On an
+    accelerator it would wait for the device at every call, so the check is left out there."""
+    if torch.compiler.is_compiling():
+        return False
+    return not isinstance(tensor, torch.Tensor) or tensor.device.type == "cpu"
+
+
+def _check_given_slots(cache_position: torch.Tensor, expected: torch.Tensor) -> None:
+    given = cache_position.reshape(-1)
+    expected = expected.to(given.device)
+    if given.shape != expected.shape or not torch.equal(given, expected):
+        raise ValueError(
+            f"cache_position {given.tolist()} contradicts the cache, which writes these tokens at "
+            f"{expected.tolist()}; this transformers release has no cache_position parameter and "
+            "places new tokens after the cached ones, so pass the slots it uses or leave it out"
+        )
+
+
+def _attached_cache(model: Any, path: str) -> Any:
+    """The static cache at ``path`` on the model (4.38-4.40 ``_setup_cache``), if any."""
     obj = model
     for part in path.split("."):
         obj = getattr(obj, part, None) if not part.isdigit() else _index(obj, int(part))
@@ -200,63 +331,3 @@ def _index(seq: Any, i: int) -> Any:
         return seq[i]
     except (TypeError, IndexError, KeyError):
         return None
-
-
-def _check_mask(mask: torch.Tensor, batch: int) -> None:
-    if mask.dim() != 2:
-        raise ValueError(
-            "attention_mask must be 2-D [batch, past + new tokens] (or a 4-D custom mask), "
-            f"got shape {tuple(mask.shape)}"
-        )
-    if mask.shape[0] != batch:
-        raise ValueError(f"attention_mask has batch size {mask.shape[0]}, but the inputs have {batch}")
-
-
-def _growing_past(cache: Any, num_new: int, mask_len: Optional[int]) -> int:
-    """Tokens in a growing cache (or a tuple, or none); ``mask_len`` given: it must be past + new."""
-    past = caches.past_length(cache)
-    if mask_len is not None and mask_len != past + num_new:
-        raise ValueError(
-            f"attention_mask has {mask_len} columns, but the cache holds {past} tokens and {num_new} "
-            f"are new: expected {past + num_new} (past + new tokens)"
-        )
-    return past
-
-
-def _static_past(cache: Any, capacity: int, num_new: int, mask_len: Optional[int], strict: bool) -> Past:
-    """Where a static cache writes next. A mask of past + new tokens says it exactly; with a full-length
-    mask or none, the cache's own fill level does. ``strict`` (positions are read from the mask): any
-    other mask length is a ``ValueError``; otherwise the mask is only used when it says past + new."""
-    if mask_len is None or mask_len == capacity:
-        return caches.fill_level(cache)
-    if num_new <= mask_len < capacity:
-        past = mask_len - num_new
-        _check_counter(cache, capacity, past, num_new, mask_len)
-        return past
-    if strict:
-        raise ValueError(
-            f"attention_mask has {mask_len} columns, but the static cache has {capacity} slots and "
-            f"{num_new} tokens are new: expected past + new tokens (at most {capacity}) or {capacity}"
-        )
-    return caches.fill_level(cache)
-
-
-def _check_counter(cache: Any, capacity: int, past: int, num_new: int, mask_len: int) -> None:
-    """Eager mode, where the cache keeps an exact counter (5.4+): the mask must agree with it."""
-    counter = caches.exact_fill_level(cache)
-    if counter is not None and not torch.compiler.is_compiling() and int(counter) != past:
-        raise ValueError(
-            f"attention_mask has {mask_len} columns for {num_new} new tokens, so {past} cached ones, "
-            f"but the static cache holds {int(counter)}: expected {int(counter) + num_new} columns "
-            f"(past + new tokens) or {capacity} (the cache's full length)"
-        )
-
-
-def _check_swallowed(cache_position: torch.Tensor, expected: torch.Tensor) -> None:
-    given = cache_position.reshape(-1).to(expected.device)
-    if given.shape != expected.shape or not torch.equal(given, expected):
-        raise ValueError(
-            f"cache_position {given.tolist()} contradicts the cache, which writes these tokens at "
-            f"{expected.tolist()}; this transformers release has no cache_position parameter and "
-            "places new tokens after the cached ones, so pass the slots it uses or leave it out"
-        )

@@ -1,15 +1,15 @@
-"""Shared fixtures: tiny random models of the flagship architectures, stock/patched switching, release
-facts read from the declarations (``hfpatch.registry()``) or from what stock transformers does.
+"""Shared fixtures: tiny random models of the flagship model types, stock/patched switching, release
+facts read from the declarations or from what stock transformers does.
 
 Every test runs on whatever transformers release is installed; a test that cannot apply to it skips
-with the release fact that says why (see ../shared/research/transformers-versions.md).
+with the release fact that says why (see docs/releases.md).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import os
+import inspect
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,8 +18,12 @@ import torch
 from hypothesis import HealthCheck, settings
 
 import hfpatch
-from hfpatch import engine, probe
-from hfpatch.gates import Plan, installed_transformers, read_plan, release_has, support, upstream_bugs_on
+from hfpatch import engine
+from hfpatch.plans import Plan, read_plan
+from hfpatch.support import installed_transformers, release_has, support
+from hfpatch.tiny import FLAGSHIPS, tiny_model
+
+from harness import cache_kwarg, static_cache
 
 settings.register_profile(
     "default",
@@ -28,15 +32,13 @@ settings.register_profile(
     derandomize=True,
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
-settings.register_profile(
-    "matrix", parent=settings.get_profile("default"), max_examples=8
-)  # compat/: 64 releases
-settings.load_profile(os.environ.get("HFPATCH_HYPOTHESIS_PROFILE", "default"))
+# the release matrix (nox -s matrix, pytest --hypothesis-profile=matrix): 64 releases, fewer examples each
+settings.register_profile("matrix", parent=settings.get_profile("default"), max_examples=8)
+settings.load_profile("default")
 
 TF = installed_transformers()
-ATOL = probe.TOLERANCE
 REGISTRY = hfpatch.registry()
-FLAGSHIPS = tuple(name for name, adapter in REGISTRY.items() if adapter.flagship)  # the full property suite
+MULTIPLE_CHOICE = {"gpt2": "GPT2DoubleHeadsModel"}  # [batch, choices, tokens] inputs, left to stock
 
 
 def arch_skip_reason(arch: str) -> str | None:
@@ -62,13 +64,12 @@ def _accepts(model_id: int, kind: str) -> str | None:
     elif not hasattr(transformers, "DynamicCache"):
         return f"Cache objects first shipped in 4.36 (installed: {TF})"
     try:
-        cache = make_static_cache(model, 1, 8) if kind == "static" else make_dynamic_cache(model)
+        cache = static_cache(model, 1, 8) if kind == "static" else make_dynamic_cache(model)
         with stock(), torch.no_grad():
-            model(input_ids=torch.tensor([[5, 6]]), use_cache=True, **{cache_kw(model): cache})
+            model(input_ids=torch.tensor([[5, 6]]), use_cache=True, **{cache_kwarg(model): cache})
     except Exception as exc:  # noqa: BLE001 - what stock transformers says is the fact to report
-        return f"{type(model.base_model).__name__} takes no {kind} Cache object in transformers {TF}: {exc}"[
-            :300
-        ]
+        name = type(model.base_model).__name__
+        return f"{name} takes no {kind} Cache object in transformers {TF}: {exc}"[:300]
     return None
 
 
@@ -86,13 +87,7 @@ def static_cache_skip_reason(model: Any) -> str | None:
     return cache_object_skip_reason(model, "static")
 
 
-def make_static_cache(model: Any, batch: int, length: int) -> Any:
-    return probe.static_cache(model, batch, length)
-
-
 def make_dynamic_cache(model: Any) -> Any:
-    import inspect
-
     import transformers
 
     if "config" in inspect.signature(transformers.DynamicCache.__init__).parameters:
@@ -109,8 +104,19 @@ def _applied() -> Iterator[None]:
 
 
 def stock() -> contextlib.AbstractContextManager:
-    """Run a block on unpatched transformers (the state found is restored after it)."""
+    """Run a block on unpatched transformers, in this thread (eager calls)."""
     return hfpatch.unpatched()
+
+
+@contextlib.contextmanager
+def reverted() -> Iterator[None]:
+    """Stock transformers for the whole process, compiled code included (``torch.compile`` traces
+    whatever the class's forward is): revert() for the block, apply() after it."""
+    hfpatch.revert()
+    try:
+        yield
+    finally:
+        hfpatch.apply()
 
 
 @contextlib.contextmanager
@@ -119,20 +125,22 @@ def spying(model: Any) -> Iterator[list[dict[str, Any]]]:
     owner = type(model.base_model)
     arch = engine.adapter_for(model.config.model_type).arch
     seen: list[dict[str, Any]] = []
-    with hfpatch.unpatched(arch):
-        original = owner.__dict__["forward"]
+    hfpatch.revert(arch)
+    original = owner.__dict__["forward"]
 
-        @functools.wraps(original)
-        def spy(self: Any, *args: Any, **kwargs: Any) -> Any:
-            seen.append(kwargs)
-            return original(self, *args, **kwargs)
+    @functools.wraps(original)
+    def spy(self: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs)
+        return original(self, *args, **kwargs)
 
-        owner.forward = spy
-        try:
-            with hfpatch.patched(arch):  # patches the spy
-                yield seen
-        finally:
-            owner.forward = original
+    owner.forward = spy
+    try:
+        hfpatch.apply(arch)  # patches the spy
+        yield seen
+    finally:
+        hfpatch.revert(arch)
+        owner.forward = original
+        hfpatch.apply(arch)
 
 
 _models: dict[str, Any] = {}
@@ -151,29 +159,15 @@ def adapter(arch: str) -> Any:
     return REGISTRY[arch]
 
 
-def upstream_bug(arch: str) -> str | None:
-    """The upstream bug the adapter declares for this release, if any (its workaround is eager attention)."""
-    return next(iter(upstream_bugs_on(REGISTRY[arch], TF)), None)
-
-
 @pytest.fixture
 def model(arch: str) -> Any:
-    """The tiny model; with eager attention where the adapter declares an upstream SDPA bug (the
-    declared workaround), so that the tests check hfpatch, not that bug."""
+    """The tiny model of ``arch``, built once per session."""
     if arch not in _models:
-        _models[arch] = probe.tiny_model(arch, attention="eager" if upstream_bug(arch) else None)
+        _models[arch] = tiny_model(arch)
     return _models[arch]
-
-
-def random_rows(lengths: list[int], seed: int = 0) -> list[list[int]]:
-    generator = torch.Generator().manual_seed(seed)
-    return [torch.randint(1, probe.VOCAB, (n,), generator=generator).tolist() for n in lengths]
-
-
-def cache_kw(model: Any) -> str:
-    return probe.cache_kwarg(model)
 
 
 def plan(model: Any) -> Plan:
     """What the installed release's base-model forward takes (GPT2Model, LlamaModel, ...)."""
-    return read_plan(engine.adapter_for(model.config.model_type), type(model.base_model).forward)
+    owner = type(model.base_model)
+    return read_plan(engine.adapter_for(model.config.model_type), owner.forward, owner)

@@ -1,6 +1,7 @@
 """The public API's contracts: Status is a read-only Mapping, revert(archs) mirrors apply(archs),
-patched() undoes only what it applied (nested, and with other threads applying or reverting), and
-unpatched() restores exactly the state it found."""
+patched() and unpatched() decide for their own thread only (nested, and with other threads applying
+or reverting), and nothing verify(), the doctor or unpatched() do changes what another thread
+computes."""
 
 from __future__ import annotations
 
@@ -9,10 +10,14 @@ import threading
 from collections.abc import Mapping
 
 import pytest
-from conftest import REGISTRY, TF, arch_skip_reason
+import torch
 
 import hfpatch
-from hfpatch import engine
+from hfpatch import cli
+from hfpatch.tiny import FLAGSHIPS, tiny_model
+
+from conftest import REGISTRY, TF, arch_skip_reason
+from harness import PAD, TOLERANCE, WRONG, random_rows, run_alone
 
 
 def _patched(arch):
@@ -113,7 +118,8 @@ def test_patched_with_other_threads_applying_and_reverting(two):
     inside.wait(10)
     with hfpatch.patched(arch):
         pass
-    assert _patched(arch), "the other thread's block still holds it"
+    assert not _patched(arch), "the other thread's block does not patch this thread"
+    assert "other threads" in hfpatch.status()[arch].reason, "but its patch stays installed for it"
     hfpatch.apply(arch)  # pinned meanwhile, by this thread
     release.set()
     worker.join(10)
@@ -155,10 +161,58 @@ def test_many_threads_with_patched_blocks(two):
 def test_unpatched_restores_exactly_the_state_found(two):
     arch, other = two
     hfpatch.apply(other)
+    owner = type(next(m for m in [tiny_model(arch)]).base_model)
     with hfpatch.patched(arch):
-        before = hfpatch.status()
+        before, patch = hfpatch.status(), owner.__dict__["forward"]
         with hfpatch.unpatched():
             assert not _patched(arch) and not _patched(other)
-            assert engine.adapter_for(arch).cls  # nothing re-patches inside the block
+            assert "unpatched()" in hfpatch.status()[arch].reason
+            assert owner.__dict__["forward"] is patch, "nothing global changes: the class keeps the patch"
         assert hfpatch.status() == before
     assert not _patched(arch) and _patched(other), "the block's hold and the pin came back, each its own"
+
+
+ARCH = next(a for a in FLAGSHIPS if REGISTRY[a].family.left_padding_wrong_on_stock)  # gpt2: absolute
+
+
+def test_a_serving_thread_stays_exact_while_others_compare_with_stock(capsys):
+    """A thread serves a patched GPT-2 (a left-padded batch, which stock gets wrong) while another
+    thread runs verify() on the same model and on a model type, the doctor, and unpatched() blocks:
+    every one of the serving thread's results stays exact, and the stock comparisons stay stock."""
+    if arch_skip_reason(ARCH):
+        pytest.skip(arch_skip_reason(ARCH))
+    model = tiny_model(ARCH)
+    a, b = random_rows([3, 6], seed=17)
+    ids = torch.tensor([[PAD] * 3 + a, b])
+    mask = torch.tensor([[0, 0, 0, 1, 1, 1], [1] * 6])
+    expected = [run_alone(model, a), run_alone(model, b)]
+    stop, errors, served = threading.Event(), [], []
+
+    def serve():
+        while not stop.is_set():
+            with torch.no_grad():
+                logits = model(input_ids=ids, attention_mask=mask).logits
+            error = max(
+                (logits[0, 3:] - expected[0]).abs().max().item(), (logits[1] - expected[1]).abs().max().item()
+            )
+            served.append(error)
+            if error > TOLERANCE:
+                errors.append(error)
+
+    server = threading.Thread(target=serve)
+    server.start()
+    try:
+        for _ in range(2):
+            result = hfpatch.verify(model)
+            assert result.ok and result.stock_wrong, str(result)
+        assert hfpatch.verify(ARCH).ok
+        assert cli.doctor() == 0
+        for _ in range(20):
+            with hfpatch.unpatched(), torch.no_grad():
+                stock = model(input_ids=ids, attention_mask=mask).logits
+            assert (stock[0, 3:] - expected[0]).abs().max().item() > WRONG, "unpatched() is stock here"
+    finally:
+        stop.set()
+        server.join(60)
+    capsys.readouterr()
+    assert len(served) > 20 and not errors, f"{len(errors)} of {len(served)} served results were wrong"

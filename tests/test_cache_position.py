@@ -7,29 +7,29 @@ import copy
 
 import pytest
 import torch
-from conftest import (
-    ATOL,
-    cache_kw,
-    cache_object_skip_reason,
-    make_dynamic_cache,
-    make_static_cache,
-    plan,
-    random_rows,
-    static_cache_skip_reason,
-    stock,
-)
 from packaging.version import Version
 from torch._dynamo.testing import CompileCounter
 
-from hfpatch import probe
-from hfpatch.gates import installed_transformers
+from hfpatch.plans import SLOTS, SLOTS_REMOVED
 
-TF = installed_transformers()
+from conftest import TF, cache_object_skip_reason, make_dynamic_cache, plan, static_cache_skip_reason, stock
+from harness import (
+    TOLERANCE,
+    WRONG,
+    cache_kwarg,
+    max_diff,
+    output_cache,
+    random_rows,
+    run_alone,
+    run_padded,
+    static_cache,
+)
+
 ROWS_CHUNKS = (((3, 4), (2, 1), (1, 1)), ((False, False), (True, False), (False, False)))
 
 
 def _needs_parameter(model):
-    if not plan(model).has_cache_position:
+    if plan(model).era != SLOTS:
         pytest.skip(f"{type(model.base_model).__name__}.forward has no cache_position in transformers {TF}")
 
 
@@ -42,9 +42,7 @@ def _needs_static(model):
 def _run(model, cache_factory, explicit, **kwargs):
     chunks, left = ROWS_CHUNKS
     rows = random_rows([6, 6], seed=21)
-    got = probe.run_batched(
-        model, rows, chunks, left, cache=cache_factory(), pass_cache_position=explicit, **kwargs
-    )
+    got = run_padded(model, rows, chunks, left, cache=cache_factory(), pass_cache_position=explicit, **kwargs)
     return rows, got
 
 
@@ -59,14 +57,14 @@ def test_omitted_equals_explicit(model, arch, kind):
     else:
         _needs_static(model)
         factory, width = (
-            (lambda: make_static_cache(model, 2, 16)),
+            (lambda: static_cache(model, 2, 16)),
             (16 if kind == "static-full-mask" else None),
         )
     rows, omitted = _run(model, factory, explicit=False, mask_width=width)
     _, explicit = _run(model, factory, explicit=True, mask_width=width)
     for a, b in zip(omitted, explicit):
         assert torch.equal(a, b)
-    assert probe.max_diff(model, rows, omitted) <= ATOL
+    assert max_diff(model, rows, omitted) <= TOLERANCE
 
 
 def _zeroed(model, zero):
@@ -89,7 +87,7 @@ def _decode(model, row, prompt, cache, with_mask=False, compiled=None, explicit=
             out = call(
                 input_ids=torch.tensor([row[start:stop]]),
                 use_cache=True,
-                **{cache_kw(model): cache},
+                **{cache_kwarg(model): cache},
                 **kwargs,
             )
         logits.append(out.logits[0])
@@ -113,14 +111,14 @@ def test_static_cache_zero_key(model, arch, with_mask, zero_at):
     zeroed = _zeroed(model, ZERO)
     a, b, c, d = random_rows([4], seed=31)[0]
     row = [ZERO, a, b, c, d] if zero_at == "first" else [a, b, ZERO, c, d]
-    reference = probe.run_alone(zeroed, row)
+    reference = run_alone(zeroed, row)
     assert (
-        _decode(zeroed, row, 3, make_static_cache(zeroed, 1, 16), with_mask) - reference
-    ).abs().max() <= ATOL
+        _decode(zeroed, row, 3, static_cache(zeroed, 1, 16), with_mask) - reference
+    ).abs().max() <= TOLERANCE
     if not with_mask and Version("4.41") <= TF < Version("5.4"):
         with stock():
-            got = _decode(zeroed, row, 3, make_static_cache(zeroed, 1, 16))
-        assert (got - reference).abs().max().item() > 1e-3, "stock should mis-count the zero key"
+            got = _decode(zeroed, row, 3, static_cache(zeroed, 1, 16))
+        assert (got - reference).abs().max().item() > WRONG, "stock should mis-count the zero key"
 
 
 def test_static_cache_count_survives_reset_and_compile(model, arch):
@@ -134,9 +132,9 @@ def test_static_cache_count_survives_reset_and_compile(model, arch):
     zeroed = _zeroed(model, ZERO)
     a, b, c, d = random_rows([4], seed=33)[0]
     row = [a, b, ZERO, c, d, ZERO, a]
-    explicit = _decode(zeroed, row, 3, make_static_cache(zeroed, 1, 16), explicit=True)
-    assert (explicit - probe.run_alone(zeroed, row)).abs().max().item() <= ATOL
-    cache = make_static_cache(zeroed, 1, 16)
+    explicit = _decode(zeroed, row, 3, static_cache(zeroed, 1, 16), explicit=True)
+    assert (explicit - run_alone(zeroed, row)).abs().max().item() <= TOLERANCE
+    cache = static_cache(zeroed, 1, 16)
     assert torch.equal(_decode(zeroed, row, 3, cache), explicit)
     cache.reset()
     assert torch.equal(_decode(zeroed, row, 3, cache), explicit), "after reset()"
@@ -148,7 +146,7 @@ def test_static_cache_count_survives_reset_and_compile(model, arch):
         got = _decode(zeroed, row, 3, cache, compiled=compiled)
     finally:
         torch._dynamo.reset()
-    assert (got - explicit).abs().max().item() <= ATOL, "compiled"
+    assert (got - explicit).abs().max().item() <= TOLERANCE, "compiled"
     assert counter.frame_count == 1, "one graph for every decode step"
 
 
@@ -162,22 +160,22 @@ def test_setup_cache_static_path(model, arch):
     attached = copy.deepcopy(model)
     for width in (None, 16):
         attached._setup_cache(__import__("transformers").StaticCache, 2, 16)
-        got = probe.run_batched(attached, rows, chunks, left, mask_width=width)
-        assert probe.max_diff(model, rows, got) <= ATOL
+        got = run_padded(attached, rows, chunks, left, mask_width=width)
+        assert max_diff(model, rows, got) <= TOLERANCE
     attached._setup_cache(__import__("transformers").StaticCache, 2, 16)
     with stock():
-        assert probe.max_diff(model, rows, probe.run_batched(attached, rows, chunks, left)) > 1e-3
+        assert max_diff(model, rows, run_padded(attached, rows, chunks, left)) > WRONG
 
 
 def test_static_cache_object_before_4_41_is_a_clear_error(model, arch):
-    if not (Version("4.38") <= TF < Version("4.41")) or not plan(model).has_cache_position:
+    if not (Version("4.38") <= TF < Version("4.41")) or plan(model).era != SLOTS:
         pytest.skip(f"StaticCache objects are usable as the cache argument from 4.41 (installed: {TF})")
     with pytest.raises(ValueError, match="_setup_cache"):
-        _run(model, lambda: make_static_cache(model, 2, 16), explicit=False)
+        _run(model, lambda: static_cache(model, 2, 16), explicit=False)
 
 
 def _needs_removed(model, arch):
-    if not plan(model).swallows_cache_position:
+    if plan(model).era != SLOTS_REMOVED:
         pytest.skip(f"transformers {TF} has cache_position (or rejects it): the 5.4+ rule does not apply")
 
 
@@ -187,7 +185,7 @@ def test_removed_release_consistent_cache_position_is_honoured(model, arch):
     _, without = _run(model, lambda: None, explicit=False)
     for a, b in zip(with_cp, without):
         assert torch.equal(a, b)
-    assert probe.max_diff(model, rows, with_cp) <= ATOL
+    assert max_diff(model, rows, with_cp) <= TOLERANCE
 
 
 @pytest.mark.parametrize("with_mask", [False, True])
@@ -201,7 +199,7 @@ def test_removed_release_contradicting_cache_position_raises(model, arch, with_m
             model(
                 input_ids=torch.tensor([row[3:]]),
                 cache_position=torch.tensor([40]),
-                **{cache_kw(model): probe.output_cache(out)},
+                **{cache_kwarg(model): output_cache(out)},
                 **kwargs,
             )
 
@@ -209,24 +207,24 @@ def test_removed_release_contradicting_cache_position_raises(model, arch, with_m
 def test_cache_under_either_name(model):
     """`cache=` and `past_key_values=` both work (on every release); the same object twice is fine."""
     rows = random_rows([5], seed=8)
-    reference = probe.run_alone(model, rows[0])
+    reference = run_alone(model, rows[0])
     for names in (["cache"], ["past_key_values"], ["cache", "past_key_values"]):
         with torch.no_grad():
             out = model(input_ids=torch.tensor([rows[0][:3]]), use_cache=True)
-            cache = probe.output_cache(out)
+            cache = output_cache(out)
             out2 = model.base_model(
                 input_ids=torch.tensor([rows[0][3:]]),
                 attention_mask=torch.ones(1, 5, dtype=torch.long),
                 **{name: cache for name in names},
             )
             logits = model.get_output_embeddings()(out2.last_hidden_state)[0]
-        assert (logits - reference[3:]).abs().max().item() <= ATOL, names
+        assert (logits - reference[3:]).abs().max().item() <= TOLERANCE, names
 
 
 def test_two_different_caches_is_an_error(model):
     rows = random_rows([3], seed=8)
     with torch.no_grad():
-        first = probe.output_cache(model(input_ids=torch.tensor(rows), use_cache=True))
-        second = probe.output_cache(model(input_ids=torch.tensor(rows), use_cache=True))
+        first = output_cache(model(input_ids=torch.tensor(rows), use_cache=True))
+        second = output_cache(model(input_ids=torch.tensor(rows), use_cache=True))
         with pytest.raises(ValueError, match="cache"):
             model.base_model(input_ids=torch.tensor(rows), cache=first, past_key_values=second)

@@ -5,24 +5,22 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import (
-    ATOL,
-    FLAGSHIPS,
-    REGISTRY,
-    TF,
-    cache_kw,
-    cache_object_skip_reason,
-    make_dynamic_cache,
-    make_static_cache,
-    plan,
-    random_rows,
-    static_cache_skip_reason,
-    stock,
-)
 from torch._dynamo.testing import CompileCounter
 
-from hfpatch import probe
+from hfpatch.plans import SLOTS
 from hfpatch.positions import new_token_positions
+from hfpatch.tiny import FLAGSHIPS
+
+from conftest import (
+    REGISTRY,
+    TF,
+    cache_object_skip_reason,
+    make_dynamic_cache,
+    plan,
+    reverted,
+    static_cache_skip_reason,
+)
+from harness import TOLERANCE, cache_kwarg, max_diff, output_cache, random_rows, run_padded, static_cache
 
 pytestmark = pytest.mark.compile
 CHUNKS = ((3, 4), (2, 1))
@@ -43,7 +41,7 @@ class _Compiled:
 def stock_first(run):
     """Run ``run`` on stock transformers first: where stock itself cannot compile with fullgraph=True
     (Llama 4.34 branches on `0 in attention_mask`, for one), there is nothing to compare: skip."""
-    with stock():
+    with reverted():
         try:
             return run()
         except (torch._dynamo.exc.TorchDynamoException, torch._dynamo.exc.FailOnRecompileLimitHit) as exc:
@@ -64,12 +62,12 @@ def _fresh_dynamo():
 
 def test_fullgraph_eager_backend(model):
     rows = random_rows([5, 5], seed=41)
-    stock_first(lambda: probe.run_batched(_Compiled(model, backend="eager"), rows, CHUNKS, LEFT))
-    eager = probe.run_batched(model, rows, CHUNKS, LEFT)
-    compiled = probe.run_batched(_Compiled(model, backend="eager"), rows, CHUNKS, LEFT)
+    stock_first(lambda: run_padded(_Compiled(model, backend="eager"), rows, CHUNKS, LEFT))
+    eager = run_padded(model, rows, CHUNKS, LEFT)
+    compiled = run_padded(_Compiled(model, backend="eager"), rows, CHUNKS, LEFT)
     for a, b in zip(eager, compiled):
-        assert (a - b).abs().max().item() <= ATOL
-    assert probe.max_diff(model, rows, compiled) <= ATOL
+        assert (a - b).abs().max().item() <= TOLERANCE
+    assert max_diff(model, rows, compiled) <= TOLERANCE
 
 
 INDUCTOR_ARCH = next(a for a in FLAGSHIPS if REGISTRY[a].family.left_padding_wrong_on_stock)
@@ -80,12 +78,12 @@ def test_inductor_padded_batch(model, arch):
     if arch != INDUCTOR_ARCH:  # one is enough (slow on CPU): the most position-sensitive family
         pytest.skip(f"one inductor test is enough (slow on CPU): {INDUCTOR_ARCH}, absolute positions")
     rows = random_rows([5, 5], seed=42)
-    stock_first(lambda: probe.run_batched(_Compiled(model, backend="eager"), rows, CHUNKS, LEFT))
-    compiled = probe.run_batched(_Compiled(model), rows, CHUNKS, LEFT)
-    eager = probe.run_batched(model, rows, CHUNKS, LEFT)
+    stock_first(lambda: run_padded(_Compiled(model, backend="eager"), rows, CHUNKS, LEFT))
+    compiled = run_padded(_Compiled(model), rows, CHUNKS, LEFT)
+    eager = run_padded(model, rows, CHUNKS, LEFT)
     for a, b in zip(eager, compiled):
-        assert (a - b).abs().max().item() <= ATOL
-    assert probe.max_diff(model, rows, compiled) <= ATOL
+        assert (a - b).abs().max().item() <= TOLERANCE
+    assert max_diff(model, rows, compiled) <= TOLERANCE
 
 
 def _explain(model, **kwargs):
@@ -104,7 +102,7 @@ def test_no_graph_break_of_its_own(model):
         "attention_mask": torch.tensor([[0, 0, 1, 1, 1], [1] * 5]),
     }
     patched = _explain(model, **kwargs)
-    with stock():
+    with reverted():
         original = _explain(model, **kwargs)
     if original.graph_break_count == 0:
         assert patched.graph_break_count == 0
@@ -120,7 +118,7 @@ def _break_places(explained):
 
 def _decode(model, arch, prompt, steps, cache_factory, explicit, compiled_forward, mask_width=None):
     """Greedy decoding, one forward call per token, with a growing (or full-length) 2-D mask."""
-    has_cache_position = plan(model).has_cache_position
+    has_cache_position = plan(model).era == SLOTS
     batch, length = prompt["input_ids"].shape
     cache, mask = cache_factory(), prompt["attention_mask"]
     ids, tokens = prompt["input_ids"], []
@@ -130,14 +128,14 @@ def _decode(model, arch, prompt, steps, cache_factory, explicit, compiled_forwar
             if mask_width is None
             else torch.cat([mask, mask.new_zeros(batch, mask_width - mask.shape[1])], 1)
         )
-        kwargs = {"input_ids": ids, "attention_mask": call_mask, "use_cache": True, cache_kw(model): cache}
+        kwargs = {"input_ids": ids, "attention_mask": call_mask, "use_cache": True, cache_kwarg(model): cache}
         if explicit:
             kwargs["position_ids"] = new_token_positions(mask, ids.shape[1])
             if has_cache_position:
                 kwargs["cache_position"] = torch.arange(mask.shape[1] - ids.shape[1], mask.shape[1])
         with torch.no_grad():
             out = compiled_forward(**kwargs)
-        returned = probe.output_cache(out)
+        returned = output_cache(out)
         cache = returned if returned is not None else cache
         ids = out.logits[:, -1].argmax(-1, keepdim=True)
         tokens.append(ids)
@@ -169,7 +167,7 @@ def test_decode_loop_compiles_no_more_graphs_than_stock(model, arch, kind):
         reason = static_cache_skip_reason(model)
         if reason:
             pytest.skip(reason)
-        factory, width = (lambda: make_static_cache(model, 2, 32)), 32
+        factory, width = (lambda: static_cache(model, 2, 32)), 32
     prompt = _prompt()
     eager = _decode(
         model, arch, prompt, steps, factory, explicit=False, compiled_forward=model, mask_width=width

@@ -7,26 +7,28 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import ATOL, TF, make_static_cache, random_rows, static_cache_skip_reason, stock
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hfpatch import probe
-from hfpatch.gates import in_range
 from hfpatch.positions import new_token_positions
+from hfpatch.support import in_range
+from hfpatch.tiny import tiny_model
+
+from conftest import TF, static_cache_skip_reason, stock
+from harness import TOLERANCE, WRONG, max_diff, random_case, random_rows, run_padded, static_cache
 
 STATIC_LEN = 16  # 3 calls x 4 tokens at most, plus room
 
 
 def padded_batches():
-    """probe.random_case (the compat matrix's generator too), drawn by hypothesis so that it shrinks."""
-    return st.randoms(use_true_random=False).map(probe.random_case)
+    """random_case (the compat matrix's generator too), drawn by hypothesis so that it shrinks."""
+    return st.randoms(use_true_random=False).map(random_case)
 
 
 def _check(model, case, **kwargs):
     rows, chunks, left = case
-    got = probe.run_batched(model, rows, chunks, left, **kwargs)
-    assert probe.max_diff(model, rows, got) <= ATOL, (chunks, left)
+    got = run_padded(model, rows, chunks, left, **kwargs)
+    assert max_diff(model, rows, got) <= TOLERANCE, (chunks, left)
 
 
 @given(case=padded_batches())
@@ -39,7 +41,7 @@ def test_static_cache(model, arch, case, full_length_mask):
     reason = static_cache_skip_reason(model)
     if reason:
         pytest.skip(reason)
-    cache = make_static_cache(model, len(case[0]), STATIC_LEN)
+    cache = static_cache(model, len(case[0]), STATIC_LEN)
     _check(model, case, cache=cache, mask_width=STATIC_LEN if full_length_mask else None)
 
 
@@ -48,8 +50,8 @@ def test_inputs_embeds(model, case):
     """The same invariant when the batch comes as ``inputs_embeds``."""
     rows, chunks, left = case
     embed = model.get_input_embeddings()
-    got = probe.run_batched(_EmbedsOnly(model, embed), rows, chunks, left)
-    assert probe.max_diff(model, rows, got) <= ATOL
+    got = run_padded(_EmbedsOnly(model, embed), rows, chunks, left)
+    assert max_diff(model, rows, got) <= TOLERANCE
 
 
 class _EmbedsOnly:
@@ -69,19 +71,19 @@ def test_sdpa_mask_workaround(arch, adapter):
     wrong even with the positions passed by hand, and hfpatch is exact with SDPA attention."""
     if adapter.eager_mask is None or not in_range(adapter.eager_mask[0], TF):
         pytest.skip(f"the {arch} adapter declares no SDPA mask workaround for transformers {TF}")
-    sdpa = probe.tiny_model(arch, attention="sdpa")
+    sdpa = tiny_model(arch, attention="sdpa")
     rows, chunks, left = (
         random_rows([4, 4], seed=0),
         [[2, 1], [1, 1], [1, 2]],
         [[False, True], [False] * 2, [False] * 2],
     )
-    assert probe.max_diff(sdpa, rows, probe.run_batched(sdpa, rows, chunks, left)) <= ATOL
+    assert max_diff(sdpa, rows, run_padded(sdpa, rows, chunks, left)) <= TOLERANCE
     with stock():
         try:
-            wrong = probe.max_diff(sdpa, rows, probe.run_batched(_PositionsByHand(sdpa), rows, chunks, left))
+            wrong = max_diff(sdpa, rows, run_padded(_PositionsByHand(sdpa), rows, chunks, left))
         except IndexError:  # transformers' mask code can also raise on these batches
             wrong = float("inf")
-    assert wrong > 1e-3, "the upstream bug no longer shows: drop the declaration"
+    assert wrong > WRONG, "the upstream bug no longer shows: drop the declaration"
 
 
 @given(case=padded_batches())
@@ -96,7 +98,7 @@ _sdpa_models: dict = {}
 
 def _sdpa(arch):
     if arch not in _sdpa_models:
-        _sdpa_models[arch] = probe.tiny_model(arch, attention="sdpa")
+        _sdpa_models[arch] = tiny_model(arch, attention="sdpa")
     return _sdpa_models[arch]
 
 

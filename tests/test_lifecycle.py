@@ -10,11 +10,13 @@ import warnings
 
 import pytest
 import torch
-from conftest import random_rows, stock
 from packaging.version import Version
 
 import hfpatch
-from hfpatch import engine, probe
+from hfpatch import engine
+from hfpatch.tiny import tiny_model
+
+from harness import SCRIPT_18104, TOLERANCE, WRONG, max_diff, random_rows, run_alone, run_padded
 
 
 def _owner(model):
@@ -57,14 +59,11 @@ def test_patched_context_manager(model, arch):
 def test_models_built_before_apply_are_fixed(arch):
     rows = random_rows([4, 5], seed=1)
     chunks, left = ((3, 4), (1, 1)), ((False, False), (False, False))
-    with stock():
-        built_while_stock = probe.tiny_model(arch, seed=3)
-        wrong = probe.max_diff(
-            built_while_stock, rows, probe.run_batched(built_while_stock, rows, chunks, left)
-        )
-    assert wrong > 1e-3
-    right = probe.max_diff(built_while_stock, rows, probe.run_batched(built_while_stock, rows, chunks, left))
-    assert right <= 1e-5
+    hfpatch.revert()
+    built_while_stock = tiny_model(arch, seed=3)
+    assert max_diff(built_while_stock, rows, run_padded(built_while_stock, rows, chunks, left)) > WRONG
+    hfpatch.apply()
+    assert max_diff(built_while_stock, rows, run_padded(built_while_stock, rows, chunks, left)) <= TOLERANCE
 
 
 def test_eight_threads_apply_and_revert(model, arch):
@@ -108,8 +107,10 @@ def test_status_is_structured_and_printable(model, adapter):
         status["no-such-arch"]
 
 
-def test_unknown_arch_lists_the_known_ones():
-    with pytest.raises(ValueError, match="unknown model type.*known: .*llama"):
+def test_unknown_arch_suggests_the_nearest():
+    with pytest.raises(ValueError, match="unknown model type 'lama' .did you mean llama"):
+        hfpatch.apply(["lama"])
+    with pytest.raises(ValueError, match="unknown model type 'no-such-arch'; hfpatch.status"):
         hfpatch.apply(["no-such-arch"])
     with pytest.raises(ValueError, match="does not patch mamba .not fixable by positions: SSM"):
         hfpatch.apply(["mamba"])
@@ -139,7 +140,7 @@ def test_signature_mismatch_is_skipped_and_the_model_still_works(model, arch):
         (row,) = random_rows([4], seed=2)
         with torch.no_grad():
             logits = model(input_ids=torch.tensor([row])).logits[0]
-        assert (logits - probe.run_alone(model, row)).abs().max().item() == 0
+        assert (logits - run_alone(model, row)).abs().max().item() == 0
     finally:
         hfpatch.revert()
         owner.forward = original
@@ -236,16 +237,13 @@ def test_apply_before_importing_transformers_is_lazy():
 
 def test_apply_after_building_a_model():
     out = _python(
-        """
-        import hfpatch
-        from hfpatch import probe
-        model = probe.tiny_model("gpt2")
-        rows = [[5, 6, 7, 8], [9, 10, 11, 12, 13]]
-        chunks, left = ((3, 4), (1, 1)), ((False, False), (False, False))
-        before = probe.max_diff(model, rows, probe.run_batched(model, rows, chunks, left))
-        hfpatch.apply()
-        after = probe.max_diff(model, rows, probe.run_batched(model, rows, chunks, left))
-        print(before > 1e-3, after <= 1e-5)
-        """
+        SCRIPT_18104
+        + """
+import hfpatch
+before = error_18104("gpt2")
+hfpatch.apply()
+after = error_18104("gpt2")
+print(before > 1e-3, after <= 1e-5)
+"""
     )
     assert out.split() == ["True", "True"]

@@ -7,12 +7,22 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import ATOL, TF, cache_kw, random_rows, stock
 
-from hfpatch import probe
-from hfpatch.gates import in_range
+from hfpatch.support import in_range
+from hfpatch.verification import SCENARIOS, scenario_rows
 
-PAD = probe.PAD
+from conftest import TF, stock
+from harness import (
+    PAD,
+    TOLERANCE,
+    WRONG,
+    cache_kwarg,
+    max_diff,
+    output_cache,
+    random_rows,
+    run_alone,
+    run_padded,
+)
 
 
 def _18104(model):
@@ -26,9 +36,9 @@ def _18104(model):
         out2 = model(
             input_ids=torch.tensor([[a[3]], [b[4]]]),
             attention_mask=mask2,
-            **{cache_kw(model): probe.output_cache(out1)},
+            **{cache_kwarg(model): output_cache(out1)},
         )
-    full_a, full_b = probe.run_alone(model, a), probe.run_alone(model, b)
+    full_a, full_b = run_alone(model, a), run_alone(model, b)
     prefix_diff = max(
         (out1.logits[0, :3] - full_a[:3]).abs().max(), (out1.logits[1] - full_b[:4]).abs().max()
     )
@@ -41,11 +51,11 @@ def _18104(model):
 
 def test_18104_right_padded_prefix_plus_one_token(model):
     row0, row1, prefix = _18104(model)
-    assert row0 <= ATOL and row1 <= ATOL and prefix <= ATOL
+    assert row0 <= TOLERANCE and row1 <= TOLERANCE and prefix <= TOLERANCE
     with stock():
         row0_stock, row1_stock, _ = _18104(model)
-    assert row0_stock > 1e-3, "stock transformers should get the padded row wrong (the bug this fixes)"
-    assert row1_stock <= ATOL
+    assert row0_stock > WRONG, "stock transformers should get the padded row wrong (the bug this fixes)"
+    assert row1_stock <= TOLERANCE
 
 
 def _left_padded(model, pads):
@@ -54,31 +64,31 @@ def _left_padded(model, pads):
     mask = torch.tensor([[0] * pads + [1] * len(row)])
     with torch.no_grad():
         logits = model(input_ids=ids, attention_mask=mask).logits[0, pads:]
-    return (logits - probe.run_alone(model, row)).abs().max().item()
+    return (logits - run_alone(model, row)).abs().max().item()
 
 
 @pytest.mark.parametrize(
     "pads", [2, 32]
 )  # trl#469 and transformers' test_left_padding_compatibility (32 pads)
 def test_left_padding_without_position_ids(model, adapter, pads):
-    assert _left_padded(model, pads) <= ATOL
+    assert _left_padded(model, pads) <= TOLERANCE
     if adapter.family.left_padding_wrong_on_stock:  # absolute positions: every real token shifts on stock
         with stock():
-            assert _left_padded(model, pads) > 1e-3
+            assert _left_padded(model, pads) > WRONG
 
 
-@pytest.mark.parametrize("scenario", probe.SCENARIOS, ids=lambda s: s.name)
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.name)
 def test_probe_scenarios(model, adapter, scenario):
-    rows = probe.scenario_rows(scenario)
-    fixed = probe.max_diff(model, rows, probe.run_batched(model, rows, scenario.chunks, scenario.left))
-    assert fixed <= ATOL
+    rows = scenario_rows(scenario)
+    fixed = max_diff(model, rows, run_padded(model, rows, scenario.chunks, scenario.left))
+    assert fixed <= TOLERANCE
     with stock():
-        broken = probe.max_diff(model, rows, probe.run_batched(model, rows, scenario.chunks, scenario.left))
+        broken = max_diff(model, rows, run_padded(model, rows, scenario.chunks, scenario.left))
     shift_only = not adapter.family.left_padding_wrong_on_stock and not scenario.holes  # RoPE: no change
     if not shift_only:
-        assert broken > 1e-3
+        assert broken > WRONG
     elif not (adapter.eager_mask and in_range(adapter.eager_mask[0], TF)):
-        assert broken <= ATOL  # (where transformers' SDPA mask code is wrong, stock is wrong anyway)
+        assert broken <= TOLERANCE  # (where transformers' SDPA mask code is wrong, stock is wrong anyway)
 
 
 def test_variable_suffixes_both_rows_wrong_on_stock(model):
@@ -86,8 +96,8 @@ def test_variable_suffixes_both_rows_wrong_on_stock(model):
     #18104 repro): with stock positions both rows go wrong."""
     rows = random_rows([5, 5], seed=7)
     chunks, left = ((3, 4), (2, 1)), ((False, False), (True, True))
-    assert probe.max_diff(model, rows, probe.run_batched(model, rows, chunks, left)) <= ATOL
+    assert max_diff(model, rows, run_padded(model, rows, chunks, left)) <= TOLERANCE
     with stock():
-        got = probe.run_batched(model, rows, chunks, left)
+        got = run_padded(model, rows, chunks, left)
     for row, logits in zip(rows, got):
-        assert (logits - probe.run_alone(model, row)).abs().max().item() > 1e-3
+        assert (logits - run_alone(model, row)).abs().max().item() > WRONG

@@ -8,12 +8,11 @@ import warnings
 
 import pytest
 import torch
-from conftest import cache_kw, cache_object_skip_reason, make_dynamic_cache, plan, random_rows, spying, stock
 
-from hfpatch import probe
-from hfpatch.gates import installed_transformers
+from hfpatch.plans import SLOTS
 
-TF = installed_transformers()
+from conftest import MULTIPLE_CHOICE, TF, cache_object_skip_reason, make_dynamic_cache, plan, spying, stock
+from harness import cache_kwarg, output_cache, random_rows
 
 
 def same_as_stock(run):
@@ -48,7 +47,7 @@ def _two_calls(model, extra1, extra2, mask=True):
         out2 = model(
             input_ids=ids2,
             attention_mask=mask2 if mask else None,
-            **{cache_kw(model): probe.output_cache(out1)},
+            **{cache_kwarg(model): output_cache(out1)},
             **extra2,
         )
     return out1.logits, out2.logits
@@ -62,7 +61,7 @@ def test_explicit_position_ids(model):
 
 
 def test_explicit_position_ids_and_cache_position(model, arch):
-    if not plan(model).has_cache_position:
+    if plan(model).era != SLOTS:
         pytest.skip(f"{type(model.base_model).__name__}.forward has no cache_position in transformers {TF}")
     first = {"position_ids": torch.tensor([[0, 1, 2, 2], [0, 1, 2, 3]]), "cache_position": torch.arange(4)}
     second = {"position_ids": torch.tensor([[3, 4], [4, 5]]), "cache_position": torch.arange(4, 6)}
@@ -73,7 +72,7 @@ def test_explicit_cache_position_is_forwarded_as_given(model, arch):
     """cache_position alone says where the cache writes, not the positions (transformers' own doc:
     "not affected by padding"): hfpatch forwards the caller's tensor itself and still derives
     position_ids from the mask."""
-    if not plan(model).has_cache_position:
+    if plan(model).era != SLOTS:
         pytest.skip(f"{type(model.base_model).__name__}.forward has no cache_position in transformers {TF}")
     slots = torch.arange(4)
     with spying(model) as seen:
@@ -96,7 +95,9 @@ def test_no_mask_single_call_with_dynamic_cache_object(model):
     def run():
         with torch.no_grad():
             return (
-                model(input_ids=torch.tensor([row]), **{cache_kw(model): make_dynamic_cache(model)}).logits,
+                model(
+                    input_ids=torch.tensor([row]), **{cache_kwarg(model): make_dynamic_cache(model)}
+                ).logits,
             )
 
     assert same_as_stock(run) == "ok"
@@ -131,15 +132,15 @@ def test_generate_left_padded_greedy(model):
     assert same_as_stock(run) == "ok"
 
 
-def test_multiple_choice_inputs(model, adapter):
+def test_multiple_choice_inputs(model, arch):
     """A multiple-choice head (GPT2DoubleHeadsModel) feeds [batch, choices, tokens] ids and masks: left
     exactly as stock."""
-    if adapter.multiple_choice is None:
-        pytest.skip(f"the {adapter.arch} declaration names no multiple-choice model")
+    if arch not in MULTIPLE_CHOICE:
+        pytest.skip(f"{arch} has no multiple-choice model")
     import transformers
 
     torch.manual_seed(0)
-    double = getattr(transformers, adapter.multiple_choice)(model.config).eval()
+    double = getattr(transformers, MULTIPLE_CHOICE[arch])(model.config).eval()
     ids = torch.tensor(random_rows([6, 6], seed=12)).reshape(1, 2, 6)
     mask = torch.tensor([[[1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1]]])
 
@@ -164,14 +165,14 @@ def test_deprecated_cache_name_keeps_transformers_warning(model):
 
     def second_call(name):
         with torch.no_grad():
-            first = probe.output_cache(model(input_ids=torch.tensor([rows[0][:3]]), use_cache=True))
+            first = output_cache(model(input_ids=torch.tensor([rows[0][:3]]), use_cache=True))
             return model.base_model(input_ids=ids, attention_mask=mask, **{name: first}).last_hidden_state
 
     with pytest.warns(FutureWarning, match=old):
         by_old_name = second_call(old)
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)
-        by_new_name = second_call(cache_kw(model))
+        by_new_name = second_call(cache_kwarg(model))
     assert torch.equal(by_old_name, by_new_name)
     with stock(), pytest.warns(FutureWarning, match=old):
         second_call(old)

@@ -1,8 +1,8 @@
-"""The absolute family: learned or fixed position tables (GPT-2"s ``wpe``, sinusoids), so left padding
-and padded cached prefixes both shift every real token"s embedding. Positions from the mask fix both."""
+"""The absolute family: learned or fixed position tables (GPT-2's ``wpe``, sinusoids), so left padding
+and padded cached prefixes both shift every real token's embedding. Positions from the mask fix both."""
 
+from ..declarations import Adapter, Family
 from ..engine import register_all
-from ..gates import Adapter, Family
 
 ABSOLUTE = Family("absolute", left_padding_wrong_on_stock=True)
 
@@ -10,12 +10,9 @@ ABSOLUTE = Family("absolute", left_padding_wrong_on_stock=True)
 ADAPTERS = register_all(
     Adapter("biogpt", "BioGptModel", ABSOLUTE, "4.52"),
     Adapter("ctrl", "CTRLModel", ABSOLUTE, "4.20"),
-    Adapter(
-        "gpt2", "GPT2Model", ABSOLUTE, "4.20", aliases=("gpt-sw3",), flagship=True,
-        multiple_choice="GPT2DoubleHeadsModel",
-    ),
+    Adapter("gpt2", "GPT2Model", ABSOLUTE, "4.20", aliases=("gpt-sw3",)),
     Adapter("gpt_bigcode", "GPTBigCodeModel", ABSOLUTE, "4.39"),
-    Adapter("gpt_neo", "GPTNeoModel", ABSOLUTE, "4.20", tiny=(("attention_types", [[["global", "local"], 1]]),)),
+    Adapter("gpt_neo", "GPTNeoModel", ABSOLUTE, "4.20"),
     Adapter("openai-gpt", "OpenAIGPTModel", ABSOLUTE, "4.20", package="openai"),
     Adapter("xglm", "XGLMModel", ABSOLUTE, "4.29"),
 )

@@ -1,9 +1,10 @@
 """The rotary family: RoPE and its relatives take ``position_ids`` as offsets, so a uniform left-pad
-shift cancels out, but the holes of a padded cached prefix do not. One line per patched class;
-``since`` is the first release in the compat matrix that ships it with a compatible ``forward``."""
+shift cancels out, but the holes of a padded cached prefix do not. One line per patched class:
+model type, class, family, the first release of its tested range (and, where they apply, its
+package, aliases, limits, known-bad releases)."""
 
+from ..declarations import Adapter, Family
 from ..engine import register_all
-from ..gates import Adapter, Family
 
 ROTARY = Family(
     "rotary", left_padding_wrong_on_stock=False, attached_cache="layers.0.self_attn.past_key_value"
@@ -19,12 +20,6 @@ LLAMA4_NOPE = (
     "not position_ids: left padding stays slightly wrong there (9e-3 on a tiny model)"
 )
 
-# transformers 5.0.0's configs of these dropped pad_token_id, which their models still read (a checkpoint's
-# config.json sets it; a config built from defaults, like the probe's, does not): the tiny config sets it
-PAD_ID = (("pad_token_id", 0),)
-
-GEMMA4 = (("global_head_dim", 32), ("vocab_size_per_layer_input", 97), ("hidden_size_per_layer_input", 16))
-
 # fmt: off
 ADAPTERS = register_all(
     Adapter("afmoe", "AfmoeModel", ROTARY, "5.0"),
@@ -32,43 +27,43 @@ ADAPTERS = register_all(
     Adapter("apertus1p5_text", "Apertus1p5TextModel", ROTARY, "5.24", package="apertus1p5"),
     Adapter("arcee", "ArceeModel", ROTARY, "4.53"),
     Adapter("aria_text", "AriaTextModel", ROTARY, "4.48", package="aria"),
-    Adapter("axk1", "AXK1Model", ROTARY, "5.15", tiny=(("head_dim", 8), ("n_group", 2), ("topk_group", 1))),
+    Adapter("axk1", "AXK1Model", ROTARY, "5.15"),
     Adapter("axk2", "AXK2Model", ROTARY, "5.15"),
     Adapter("beam", "BeamModel", ROTARY, "5.20"),
     Adapter("bitnet", "BitNetModel", ROTARY, "4.52"),
-    Adapter("codegen", "CodeGenModel", ROTARY, "4.28", tiny=(("rotary_dim", 8),)),
+    Adapter("codegen", "CodeGenModel", ROTARY, "4.28"),
     Adapter("cohere", "CohereModel", ROTARY, "4.39"),
     Adapter("cohere2", "Cohere2Model", ROTARY, "4.53"),
     Adapter("cohere2_moe", "Cohere2MoeModel", ROTARY, "5.9"),
-    Adapter("cohere_compass_text", "CohereCompassTextModel", ROTARY, "5.21", package="cohere_compass", tiny=(("rope_parameters", {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}),)),
+    Adapter("cohere_compass_text", "CohereCompassTextModel", ROTARY, "5.21", package="cohere_compass"),
     Adapter("cwm", "CwmModel", ROTARY, "5.0"),
-    Adapter("dbrx", "DbrxModel", ROTARY, "5.15", tiny=(("attn_config", {"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0}), ("ffn_config", {"ffn_hidden_size": 128, "moe_num_experts": 4, "moe_top_k": 2}))),
-    Adapter("deepseek_v2", "DeepseekV2Model", ROTARY, "4.54", tiny=(("num_experts_per_tok", 2), ("head_dim", 8))),
-    Adapter("deepseek_v3", "DeepseekV3Model", ROTARY, "4.51", aliases=("sarvam_mla",), tiny=(("head_dim", 8),)),
+    Adapter("dbrx", "DbrxModel", ROTARY, "5.15"),
+    Adapter("deepseek_v2", "DeepseekV2Model", ROTARY, "4.54"),
+    Adapter("deepseek_v3", "DeepseekV3Model", ROTARY, "4.51", aliases=("sarvam_mla",)),
     Adapter("deepseek_v32", "DeepseekV32Model", ROTARY, "5.11"),
     Adapter("deepseek_v4", "DeepseekV4Model", ROTARY, "5.8"),
     Adapter("diffllama", "DiffLlamaModel", ROTARY, "4.48"),
     Adapter("doge", "DogeModel", ROTARY, "5.18"),
-    Adapter("dory", "DoryModel", ROTARY, "5.24", tiny=(("n_input_layers", 1), ("n_output_layers", 1), ("n_recurrent_layers", None))),
-    Adapter("dots1", "Dots1Model", ROTARY, "4.53", tiny=(("n_routed_experts", 4), ("num_experts_per_tok", 2), ("n_shared_experts", 1))),
-    Adapter("dots3_note_text", "Dots3NoteTextModel", ROTARY, "5.23", package="dots3_note", aliases=("dots3_note",), tiny=(("layer_types", ["indexed_attention", "sliding_attention"]), ("index_n_heads", 2), ("index_head_dim", 16), ("per_layer_config", {}), ("vision_config", {"per_layer_config": None, "adapter_in_dim": 64, "adapter_out_dim": 64}), ("audio_config", {"adapter_input_size": 64, "adapter_out_dim": 64}))),
+    Adapter("dory", "DoryModel", ROTARY, "5.24"),
+    Adapter("dots1", "Dots1Model", ROTARY, "4.53"),
+    Adapter("dots3_note_text", "Dots3NoteTextModel", ROTARY, "5.23", package="dots3_note", aliases=("dots3_note",)),
     Adapter("emu3", "Emu3TextModel", ROTARY, "5.8"),
     Adapter("ernie4_5", "Ernie4_5Model", ROTARY, "4.54"),
     Adapter("ernie4_5_moe", "Ernie4_5_MoeModel", ROTARY, "4.54"),
-    Adapter("exaone4", "Exaone4Model", ROTARY, "4.54", tiny=PAD_ID),
+    Adapter("exaone4", "Exaone4Model", ROTARY, "4.54"),
     Adapter("exaone_moe", "ExaoneMoeModel", ROTARY, "5.1"),
     Adapter("falcon", "FalconModel", ROTARY, "4.39", eager_mask=SDPA_436),
     Adapter("flex_olmo", "FlexOlmoModel", ROTARY, "4.57"),
-    Adapter("flint", "FlintModel", ROTARY, "5.21", tiny=(("layer_types", ["sliding_attention", "full_attention"]),)),
-    Adapter("gemma", "GemmaModel", ROTARY, "4.38", flagship=True),
+    Adapter("flint", "FlintModel", ROTARY, "5.21"),
+    Adapter("gemma", "GemmaModel", ROTARY, "4.38"),
     Adapter("gemma2", "Gemma2Model", ROTARY, "4.53"),
     Adapter("gemma3_text", "Gemma3TextModel", ROTARY, "4.53", package="gemma3"),
     Adapter("gemma3", "Gemma3Model", ROTARY, "4.53"),  # multimodal: builds a dict of masks for the text model
-    Adapter("gemma3n_text", "Gemma3nTextModel", ROTARY, "4.56", package="gemma3n", tiny=(("num_hidden_layers", 4), ("layer_types", ["sliding_attention", "full_attention"] * 2), ("num_kv_shared_layers", 2), ("vocab_size_per_layer_input", 97), ("hidden_size_per_layer_input", 16), ("laurel_rank", 8))),
-    Adapter("gemma4_text", "Gemma4TextModel", ROTARY, "5.5", package="gemma4", tiny=GEMMA4),
-    Adapter("gemma4", "Gemma4Model", ROTARY, "5.5", tiny=GEMMA4),  # multimodal: counts positions itself
-    Adapter("gemma4_unified_text", "Gemma4UnifiedTextModel", ROTARY, "5.10", package="gemma4_unified", tiny=(("global_head_dim", 32),)),
-    Adapter("gemma4_unified", "Gemma4UnifiedModel", ROTARY, "5.10", tiny=(("global_head_dim", 32),)),
+    Adapter("gemma3n_text", "Gemma3nTextModel", ROTARY, "4.56", package="gemma3n"),
+    Adapter("gemma4_text", "Gemma4TextModel", ROTARY, "5.5", package="gemma4"),
+    Adapter("gemma4", "Gemma4Model", ROTARY, "5.5"),  # multimodal: counts positions itself
+    Adapter("gemma4_unified_text", "Gemma4UnifiedTextModel", ROTARY, "5.10", package="gemma4_unified"),
+    Adapter("gemma4_unified", "Gemma4UnifiedModel", ROTARY, "5.10"),
     Adapter("glm", "GlmModel", ROTARY, "4.46"),
     Adapter("glm4", "Glm4Model", ROTARY, "4.51"),
     Adapter("glm4_moe", "Glm4MoeModel", ROTARY, "4.54", aliases=("sarvam_moe",)),
@@ -77,7 +72,7 @@ ADAPTERS = register_all(
     Adapter("gpt_neox", "GPTNeoXModel", ROTARY, "4.47"),
     Adapter("gpt_neox_japanese", "GPTNeoXJapaneseModel", ROTARY, "4.45"),
     Adapter("gpt_oss", "GptOssModel", ROTARY, "4.55"),
-    Adapter("gptj", "GPTJModel", ROTARY, "4.28", tiny=(("rotary_dim", 8),)),
+    Adapter("gptj", "GPTJModel", ROTARY, "4.28"),
     Adapter("granite", "GraniteModel", ROTARY, "4.45"),
     Adapter("granite_swa", "GraniteSWAModel", ROTARY, "5.15"),
     Adapter("granitemoe", "GraniteMoeModel", ROTARY, "4.45"),
@@ -85,31 +80,25 @@ ADAPTERS = register_all(
     Adapter("granitemoeshared", "GraniteMoeSharedModel", ROTARY, "4.49"),
     Adapter("helium", "HeliumModel", ROTARY, "4.49"),
     Adapter("hrm_text", "HrmTextModel", ROTARY, "5.9"),
-    Adapter("hunyuan_v1_dense", "HunYuanDenseV1Model", ROTARY, "4.56", tiny=(("head_dim", 16),)),
-    Adapter("hunyuan_v1_moe", "HunYuanMoEV1Model", ROTARY, "4.56", tiny=(("head_dim", 16),)),
+    Adapter("hunyuan_v1_dense", "HunYuanDenseV1Model", ROTARY, "4.56"),
+    Adapter("hunyuan_v1_moe", "HunYuanMoEV1Model", ROTARY, "4.56"),
     Adapter("hy_v3", "HYV3Model", ROTARY, "5.6"),
     Adapter("hy_v4", "HYV4Model", ROTARY, "5.17"),
     Adapter("hyperclovax", "HyperCLOVAXModel", ROTARY, "5.9"),
     Adapter("jais2", "Jais2Model", ROTARY, "5.0"),
-    Adapter("jetmoe", "JetMoeModel", ROTARY, "5.0", tiny=PAD_ID),
+    Adapter("jetmoe", "JetMoeModel", ROTARY, "5.0"),
     Adapter("kolibri1", "Kolibri1Model", ROTARY, "5.20"),
     Adapter("laguna", "LagunaModel", ROTARY, "5.7"),
-    Adapter(
-        "llama", "LlamaModel", ROTARY, "4.28", aliases=("exaone", "internlm3", "iquestcoder"), flagship=True,
-        eager_mask=SDPA_436,
-    ),
-    Adapter(
-        "llama4_text", "Llama4TextModel", ROTARY, "5.8", package="llama4", aliases=("llama4",),
-        limits=(LLAMA4_NOPE,),
-    ),
-    Adapter("longcat_flash", "LongcatFlashModel", ROTARY, "5.13", tiny=(("head_dim", 8), ("expert_ffn_hidden_size", 32), ("zero_expert_num", 2))),
+    Adapter("llama", "LlamaModel", ROTARY, "4.28", aliases=("exaone", "internlm3", "iquestcoder"), eager_mask=SDPA_436),
+    Adapter("llama4_text", "Llama4TextModel", ROTARY, "5.8", package="llama4", aliases=("llama4",), limits=(LLAMA4_NOPE,)),
+    Adapter("longcat_flash", "LongcatFlashModel", ROTARY, "5.13"),
     Adapter("mellum", "MellumModel", ROTARY, "5.10"),
     Adapter("mimo_v2_flash", "MiMoV2FlashModel", ROTARY, "5.13"),
     Adapter("minicpm3", "MiniCPM3Model", ROTARY, "5.13"),
     Adapter("minimax", "MiniMaxModel", ROTARY, "5.15"),
     Adapter("minimax_m2", "MiniMaxM2Model", ROTARY, "5.0"),
-    Adapter("minimax_m3_vl_text", "MiniMaxM3VLTextModel", ROTARY, "5.12", package="minimax_m3_vl", tiny=(("layer_types", ["full_attention", "minimax_m3_sparse"]),)),
-    Adapter("ministral", "MinistralModel", ROTARY, "4.57", tiny=(("head_dim", 16),)),
+    Adapter("minimax_m3_vl_text", "MiniMaxM3VLTextModel", ROTARY, "5.12", package="minimax_m3_vl"),
+    Adapter("ministral", "MinistralModel", ROTARY, "4.57"),
     Adapter("ministral3", "Ministral3Model", ROTARY, "5.0"),
     Adapter("mistral", "MistralModel", ROTARY, "4.39"),
     Adapter("mixtral", "MixtralModel", ROTARY, "4.39"),
@@ -117,15 +106,15 @@ ADAPTERS = register_all(
     Adapter("modernbert-decoder", "ModernBertDecoderModel", ROTARY, "4.54"),
     Adapter("moshi", "MoshiModel", ROTARY, "5.18"),
     Adapter("nanochat", "NanoChatModel", ROTARY, "5.0"),
-    Adapter("nemotron", "NemotronModel", ROTARY, "4.47", tiny=(("num_key_value_heads", 2),)),
+    Adapter("nemotron", "NemotronModel", ROTARY, "4.47"),
     Adapter("olmo", "OlmoModel", ROTARY, "4.40"),
     Adapter("olmo2", "Olmo2Model", ROTARY, "4.47"),
     Adapter("olmo3", "Olmo3Model", ROTARY, "4.57"),
     Adapter("olmoe", "OlmoeModel", ROTARY, "4.45"),
     Adapter("persimmon", "PersimmonModel", ROTARY, "4.34"),
-    Adapter("recurrent_gemma", "RecurrentGemmaModel", ROTARY, "5.24", limits=(RECURRENT_STATE,), tiny=(("lru_width", 64), ("block_types", ["recurrent", "attention"]), ("attention_window_size", 64))),
+    Adapter("recurrent_gemma", "RecurrentGemmaModel", ROTARY, "5.24", limits=(RECURRENT_STATE,)),
     Adapter("fuyu", "FuyuModel", ROTARY, "4.52"),  # multimodal: counts positions itself
-    Adapter("phi", "PhiModel", ROTARY, "4.36", tiny=PAD_ID),
+    Adapter("phi", "PhiModel", ROTARY, "4.36"),
     Adapter("phi3", "Phi3Model", ROTARY, "4.41"),
     Adapter("phi4_multimodal", "Phi4MultimodalModel", ROTARY, "5.1"),
     Adapter("phimoe", "PhimoeModel", ROTARY, "4.46"),
@@ -136,9 +125,9 @@ ADAPTERS = register_all(
     Adapter("seed_oss", "SeedOssModel", ROTARY, "4.56"),
     Adapter("smollm3", "SmolLM3Model", ROTARY, "4.53"),
     Adapter("solar_open", "SolarOpenModel", ROTARY, "5.0"),
-    Adapter("stablelm", "StableLmModel", ROTARY, "4.38", tiny=PAD_ID),
+    Adapter("stablelm", "StableLmModel", ROTARY, "4.38"),
     Adapter("starcoder2", "Starcoder2Model", ROTARY, "4.39"),
     Adapter("vaultgemma", "VaultGemmaModel", ROTARY, "4.57"),
-    Adapter("youtu", "YoutuModel", ROTARY, "5.1", tiny=(("head_dim", 8),)),
+    Adapter("youtu", "YoutuModel", ROTARY, "5.1"),
 )
 # fmt: on

@@ -1,9 +1,9 @@
 """Decoder-only model types that hfpatch knows and does not patch, each with the reason measured on
-transformers 5.24.0 (../shared/research/architectures-5.24.md): ``status()`` lists them, ``apply()``
+transformers 5.24.0 (docs/architectures.md): ``status()`` lists them, ``apply()``
 never touches them, ``verify()`` still probes them."""
 
+from ..declarations import NOT_COVERED, NOT_FIXABLE, RIGHT_ON_STOCK, Undeclared
 from ..engine import declare_all
-from ..gates import NOT_COVERED, NOT_FIXABLE, RIGHT_ON_STOCK, Undeclared
 
 RECURRENT = "a recurrent or convolution state absorbs pads: a hole in a cached prefix still advances it"
 HYBRID = f"attention layers are fixed by positions, but {RECURRENT}"

@@ -9,7 +9,7 @@ import warnings
 try:
     import hfpatch.auto  # noqa: F401
 except Exception as exc:  # noqa: BLE001 - never stop the interpreter from starting
-    warnings.warn(f"hfpatch run: not applied in this process: {exc!r}", RuntimeWarning, stacklevel=1)
+    warnings.warn(f"hfpatch run: not applied in this process: {exc}", RuntimeWarning, stacklevel=1)
 
 
 def _chain() -> None:

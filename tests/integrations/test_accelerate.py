@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import ATOL, FLAGSHIPS, REGISTRY, arch_skip_reason
 
 import hfpatch
-from hfpatch import probe
+from hfpatch.tiny import FLAGSHIPS, tiny_model
+from hfpatch.verification import SCENARIOS, scenario_rows
+
+from conftest import REGISTRY, arch_skip_reason
+from harness import TOLERANCE, WRONG, max_diff, run_padded
 
 accelerate = pytest.importorskip("accelerate")
 from accelerate import cpu_offload, dispatch_model  # noqa: E402
@@ -18,12 +21,12 @@ from accelerate.hooks import remove_hook_from_submodules  # noqa: E402
 
 # the most position-sensitive flagship: absolute positions (left padding is wrong on stock too)
 ARCH = next(a for a in FLAGSHIPS if REGISTRY[a].family.left_padding_wrong_on_stock)
-SCENARIO = probe.SCENARIOS[0]  # a right-padded cached prefix + 1 token
+SCENARIO = SCENARIOS[0]  # a right-padded cached prefix + 1 token
 
 
 def _error(model) -> float:
-    rows = probe.scenario_rows(SCENARIO)
-    return probe.max_diff(model, rows, probe.run_batched(model, rows, SCENARIO.chunks, SCENARIO.left))
+    rows = scenario_rows(SCENARIO)
+    return max_diff(model, rows, run_padded(model, rows, SCENARIO.chunks, SCENARIO.left))
 
 
 @pytest.fixture
@@ -32,7 +35,7 @@ def stock_model():
     if reason:
         pytest.skip(reason)
     hfpatch.revert()
-    yield probe.tiny_model(ARCH)
+    yield tiny_model(ARCH)
     hfpatch.apply()
 
 
@@ -51,25 +54,25 @@ def test_hooked_before_apply(stock_model, how):
     else:  # hooks on the modules that hold weights (and the whole model), not on the base model itself
         model = cpu_offload(stock_model, execution_device=torch.device("cpu"))
     assert _hooked_base(model) == (how == "dispatch_model")
-    assert _error(model) > 1e-3, "stock is wrong"
+    assert _error(model) > WRONG, "stock is wrong"
     hfpatch.apply()
-    assert _error(model) <= ATOL, "apply() reaches a model hooked before it"
+    assert _error(model) <= TOLERANCE, "apply() reaches a model hooked before it"
     hfpatch.revert()
-    assert _error(model) > 1e-3, "revert() reaches it too"
+    assert _error(model) > WRONG, "revert() reaches it too"
     hfpatch.apply()
     remove_hook_from_submodules(model)  # forward becomes the captured bound method: hfpatch's
-    assert _error(model) <= ATOL
+    assert _error(model) <= TOLERANCE
     hfpatch.revert()
-    assert _error(model) > 1e-3, "after the hooks are gone, revert() still reaches the instance"
+    assert _error(model) > WRONG, "after the hooks are gone, revert() still reaches the instance"
 
 
 def test_hooked_after_apply(stock_model):
     hfpatch.apply()
     model = dispatch_model(stock_model, device_map=_every_child_on_cpu(stock_model), force_hooks=True)
     assert _hooked_base(model)
-    assert _error(model) <= ATOL
+    assert _error(model) <= TOLERANCE
     hfpatch.revert()
-    assert _error(model) > 1e-3, "revert() after apply-then-dispatch restores stock"
+    assert _error(model) > WRONG, "revert() after apply-then-dispatch restores stock"
 
 
 def test_from_pretrained_with_a_device_map_that_names_the_base_model(stock_model, tmp_path):
@@ -77,7 +80,7 @@ def test_from_pretrained_with_a_device_map_that_names_the_base_model(stock_model
     untied from the embedding, so that it has weights of its own to offload)."""
     import transformers
 
-    untied = probe.tiny_model(ARCH, sizes={"tie_word_embeddings": False})
+    untied = tiny_model(ARCH, sizes={"tie_word_embeddings": False})
     untied.save_pretrained(tmp_path / "model")
     device_map = _every_child_on_cpu(stock_model)
     head = next(name for name in device_map if name != stock_model.base_model_prefix)
@@ -86,6 +89,6 @@ def test_from_pretrained_with_a_device_map_that_names_the_base_model(stock_model
         tmp_path / "model", device_map=device_map, offload_folder=str(tmp_path / "offload")
     ).eval()
     assert _hooked_base(model)
-    assert _error(model) > 1e-3
+    assert _error(model) > WRONG
     hfpatch.apply()
-    assert _error(model) <= ATOL
+    assert _error(model) <= TOLERANCE

@@ -9,9 +9,12 @@ import types
 
 import pytest
 import torch
-from conftest import ATOL, FLAGSHIPS, REGISTRY, arch_skip_reason, stock
 
-from hfpatch import probe
+from hfpatch.tiny import FLAGSHIPS, tiny_model
+from hfpatch.verification import SCENARIOS, Scenario, scenario_rows
+
+from conftest import REGISTRY, arch_skip_reason, stock
+from harness import PAD, TOLERANCE, WRONG, cache_kwarg, max_diff, run_alone, run_padded
 
 peft = pytest.importorskip("peft")
 
@@ -21,7 +24,7 @@ def lora(request):
     reason = arch_skip_reason(request.param)
     if reason:
         pytest.skip(reason)
-    base = probe.tiny_model(request.param)
+    base = tiny_model(request.param)
     config = peft.LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False)
     torch.manual_seed(1)
     return peft.get_peft_model(base, config).eval()
@@ -29,20 +32,20 @@ def lora(request):
 
 def _errors(model, cache_name):
     out = {}
-    for scenario in probe.SCENARIOS:
-        rows = probe.scenario_rows(scenario)
-        got = probe.run_batched(model, rows, scenario.chunks, scenario.left, cache_name=cache_name)
-        out[scenario.name] = probe.max_diff(model, rows, got)
+    for scenario in SCENARIOS:
+        rows = scenario_rows(scenario)
+        got = run_padded(model, rows, scenario.chunks, scenario.left, cache_name=cache_name)
+        out[scenario.name] = max_diff(model, rows, got)
     return out
 
 
 @pytest.mark.parametrize("merged", [False, True], ids=["lora", "merged"])
 def test_peft_lora(lora, merged):
     model = lora.merge_and_unload() if merged else lora
-    name = probe.cache_kwarg(lora.get_base_model() if not merged else model)
-    assert max(_errors(model, name).values()) <= ATOL
+    name = cache_kwarg(lora.get_base_model() if not merged else model)
+    assert max(_errors(model, name).values()) <= TOLERANCE
     with stock():
-        assert max(_errors(model, name).values()) > 1e-3
+        assert max(_errors(model, name).values()) > WRONG
 
 
 def test_trl_grpo_per_token_log_probs():
@@ -56,12 +59,12 @@ def test_trl_grpo_per_token_log_probs():
     arch = next(a for a in FLAGSHIPS if REGISTRY[a].family.left_padding_wrong_on_stock)
     if arch_skip_reason(arch):
         pytest.skip(arch_skip_reason(arch))
-    model = probe.tiny_model(arch)
+    model = tiny_model(arch)
     trl_utils.add_fused_lm_head(model)
-    prompts = probe.scenario_rows(probe.Scenario("prompts", (3, 5), ((3, 5),), ((True, True),)))
-    completions = probe.scenario_rows(probe.Scenario("completions", (4, 4), ((4, 4),), ((False, False),)), 7)
+    prompts = scenario_rows(Scenario("prompts", (3, 5), ((3, 5),), ((True, True),)))
+    completions = scenario_rows(Scenario("completions", (4, 4), ((4, 4),), ((False, False),)), 7)
     width = max(map(len, prompts))
-    ids = torch.tensor([[probe.PAD] * (width - len(p)) + p + c for p, c in zip(prompts, completions)])
+    ids = torch.tensor([[PAD] * (width - len(p)) + p + c for p, c in zip(prompts, completions)])
     mask = (torch.arange(ids.shape[1])[None] >= torch.tensor([[width - len(p)] for p in prompts])).long()
     trainer = types.SimpleNamespace(accelerator=Accelerator(cpu=True))  # what the method reads of self
 
@@ -72,9 +75,9 @@ def test_trl_grpo_per_token_log_probs():
 
     reference = []
     for p, c in zip(prompts, completions):
-        logits = probe.run_alone(model, p + c)[len(p) - 1 : -1]
+        logits = run_alone(model, p + c)[len(p) - 1 : -1]
         reference.append(torch.log_softmax(logits, -1).gather(-1, torch.tensor(c)[:, None])[:, 0])
     reference = torch.stack(reference)
-    assert (log_probs() - reference).abs().max().item() <= ATOL
+    assert (log_probs() - reference).abs().max().item() <= TOLERANCE
     with stock():
-        assert (log_probs() - reference).abs().max().item() > 1e-3
+        assert (log_probs() - reference).abs().max().item() > WRONG

@@ -1,0 +1,156 @@
+"""The command line: ``hfpatch`` (or ``python -m hfpatch``). ``hfpatch --help`` says it all."""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from typing import Optional
+
+from . import __version__, engine
+from .launcher import run
+
+__all__ = ["main"]
+
+OK, WRONG, CANNOT_RUN = 0, 1, 2
+
+EPILOG = """\
+examples:
+  hfpatch                                  the doctor: the bug on stock transformers and the fix
+  hfpatch verify qwen2 ./my-checkpoint     the same check on model types or checkpoint directories
+  hfpatch run -- torchrun train.py         hfpatch in every Python process of a command
+  HFPATCH_ARCHS=qwen2,llama hfpatch run -- python serve.py
+
+exit status:
+  0    every model checked is exact with hfpatch (or right on stock)
+  1    a model checked is wrong with hfpatch installed
+  2    cannot run: bad arguments, no such checkpoint or model type, not a causal LM
+  126  run: the command cannot be executed; 127: it was not found (else: the command's own status)
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse's own exit status for usage errors is 2 too
+        self.exit(CANNOT_RUN, f"{self.prog}: {message}\n")
+
+
+def main(argv: Optional[Sequence[str]] = None, prog: str = "hfpatch") -> int:
+    parser = _Parser(
+        prog=prog,
+        description="Right logits from Hugging Face transformers models with padding and KV caches.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"hfpatch {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands.add_parser("doctor", help="the default: versions, what is patched, the bug and the fix")
+    check = commands.add_parser("verify", help="check model types or local checkpoint directories")
+    check.add_argument("targets", nargs="+", metavar="TYPE_OR_DIR")
+    check.add_argument("--no-static", action="store_true", help="leave out the StaticCache scenario")
+    commands.add_parser("architectures", help="print the table of model types (Markdown)")
+    launcher = commands.add_parser("run", help="run a command with hfpatch in every Python process")
+    launcher.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS")
+    args = parser.parse_args(argv)
+    if args.command in ("verify", "doctor", None):
+        _quiet_transformers()
+    if args.command == "run":
+        return run(args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd, prog)
+    if args.command == "architectures":
+        print(architectures())
+        return OK
+    if args.command == "verify":
+        return verify(args.targets, static=not args.no_static, prog=prog)
+    return doctor()
+
+
+def _quiet_transformers() -> None:
+    """Building tiny models and loading checkpoints makes transformers log advice meant for training
+    (new heads initialized, ``is_decoder``): the command's own lines say what matters here."""
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+
+
+def doctor() -> int:
+    """Versions, what hfpatch patches here, and the check on tiny models of the flagship types."""
+    import torch
+    import transformers
+
+    from .tiny import FLAGSHIPS, tiny_model
+    from .verification import verify as check
+
+    engine.apply()
+    models = {arch: tiny_model(arch) for arch in FLAGSHIPS if engine.status()[arch].state == engine.WAITING}
+    status = engine.status()  # the models' modules are imported now: their post-import hooks ran
+    versions = f"torch {torch.__version__}, transformers {transformers.__version__}"
+    print(f"Python {platform.python_version()}, {versions}")
+    counts = Counter(entry.state for entry in status.values())
+    print(
+        f"{len(status)} decoder-only model types known: " + ", ".join(f"{n} {s}" for s, n in counts.items())
+    )
+    print("(print(hfpatch.status()) lists each with its reason; hfpatch verify TYPE checks one)")
+    print()
+    failed = False
+    for arch in FLAGSHIPS:
+        entry = status[arch]
+        if entry.state != engine.APPLIED:
+            print(f"{arch}: not checked ({entry.state}: {entry.reason})\n")
+            continue
+        result = check(models.get(arch) or tiny_model(arch))
+        failed |= not result.ok
+        print(f"{result}\n")
+    return WRONG if failed else OK
+
+
+def verify(targets: Sequence[str], static: bool, prog: str = "hfpatch") -> int:
+    """``hfpatch verify``: each target's table; exit 1 if one is wrong with hfpatch, 2 if one cannot
+    run (one line each, no traceback)."""
+    from .verification import CannotVerify
+    from .verification import verify as check
+
+    engine.apply()
+    worst = OK
+    for target in targets:
+        try:
+            result = check(target, static=static)
+        except CannotVerify as exc:
+            print(f"{prog} verify: {exc}", file=sys.stderr)
+            worst = max(worst, CANNOT_RUN)
+            continue
+        print(f"{result}\n")
+        worst = max(worst, OK if result.ok else WRONG)
+    return worst
+
+
+def architectures() -> str:
+    """The declarations as Markdown: every patched class with its model types, family and releases,
+    then the model types hfpatch knows and does not patch, with the reason (docs/architectures.md)."""
+    from .support import NEWEST_TESTED
+
+    registry = engine.registry()
+    lines = [
+        f"{sum(1 + len(a.aliases) for a in registry.values())} model types patched ({len(registry)} "
+        f"classes), each from the first release of its tested range through {NEWEST_TESTED}.",
+        "",
+        "| model type (and others that run the class) | class patched | family | releases |",
+        "|---|---|---|---|",
+    ]
+    for adapter in sorted(registry.values(), key=lambda a: a.arch):
+        types = adapter.arch + "".join(f", {alias}" for alias in adapter.aliases)
+        holes = "".join(f", not {spec.removeprefix('==')}" for spec, _ in adapter.known_bad)
+        releases = f"{adapter.since} - {NEWEST_TESTED}{holes}"
+        lines.append(f"| {types} | `{adapter.cls}` | {adapter.family.name} | {releases} |")
+    lines += ["", "| model type not patched | verdict | why |", "|---|---|---|"]
+    lines += [
+        f"| `{entry.arch}` | {entry.state} | {entry.reason} |"
+        for entry in sorted(engine.status().values(), key=lambda e: (e.state, e.arch))
+        if not entry.target
+    ]
+    return "\n".join(lines)
+
+
+def console() -> None:
+    """The ``hfpatch`` console script."""
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""What a declaration is: a :class:`Family` (what really differs between architectures), an
+:class:`Adapter` (one patched class, one short line in ``hfpatch/adapters/``) and an
+:class:`Undeclared` model type (known, not patched, and why). The engine does every check, install,
+revert and report for all of them alike."""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+from .support import NEWEST_TESTED
+
+__all__ = ["NOT_COVERED", "NOT_FIXABLE", "RIGHT_ON_STOCK", "Adapter", "Family", "Undeclared"]
+
+
+class Family(NamedTuple):
+    """What architectures of one kind share: how positions enter the model, and the facts that follow.
+
+    Attributes:
+        name: ``"absolute"`` (a learned or fixed table indexed by position: left padding shifts every
+            real token on stock) or ``"rotary"`` (RoPE and relatives: a uniform left shift cancels,
+            the holes of a padded cached prefix do not).
+        left_padding_wrong_on_stock: what follows for one call with left padding.
+        attached_cache: attribute path from the base model to a static cache kept outside the
+            forward's arguments (4.38-4.40 ``model._setup_cache``), read only to find cache slots.
+    """
+
+    name: str
+    left_padding_wrong_on_stock: bool
+    attached_cache: Optional[str] = None
+
+
+class Adapter(NamedTuple):
+    """One patched class, declared as data.
+
+    Attributes:
+        arch: the model type (``config.model_type``), used by ``apply(archs=[...])`` and ``status()``.
+        cls: the class whose own ``forward`` is replaced (the base model, or a multimodal wrapper's).
+        family: see :class:`Family`.
+        since: the first release of the tested range, which runs through :data:`NEWEST_TESTED`.
+        package: the ``transformers.models`` package, when it is not ``arch`` with ``_`` for ``-``.
+        aliases: other model types whose models run this very class (``exaone`` runs ``LlamaModel``).
+        limits: what positions cannot fix inside "applied" (Llama 4's NoPE layers ...), shown by
+            ``verify``.
+        eager_mask: (releases, attribute): on these releases the model's SDPA mask code mishandles a
+            padded cached prefix continued by several tokens (4.36-4.37 ``_unmask_unattended``); for
+            such calls, when hfpatch derives the positions, the base model's boolean ``attribute``
+            (``_use_sdpa``) reads False in the calling thread, so that transformers builds its eager
+            4-D mask (right for any padding; attention still runs in SDPA).
+        known_bad: (releases, why and the workaround): never patched there.
+    """
+
+    arch: str
+    cls: str
+    family: Family
+    since: str
+    package: Optional[str] = None
+    aliases: tuple[str, ...] = ()
+    limits: tuple[str, ...] = ()
+    eager_mask: Optional[tuple[str, str]] = None
+    known_bad: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def module(self) -> str:
+        package = self.package or self.arch.replace("-", "_")
+        return f"transformers.models.{package}.modeling_{package}"
+
+    @property
+    def target(self) -> str:
+        return f"{self.module}:{self.cls}.forward"
+
+    @property
+    def versions(self) -> str:
+        return f">={self.since},<={NEWEST_TESTED}"
+
+
+RIGHT_ON_STOCK = "right on stock"
+NOT_FIXABLE = "not fixable by positions"
+NOT_COVERED = "not covered"
+
+
+class Undeclared(NamedTuple):
+    """A decoder-only model type hfpatch knows and does not patch: ``right on stock``, ``not fixable
+    by positions`` or ``not covered``, and why (measured on the newest tested release)."""
+
+    arch: str
+    verdict: str
+    reason: str

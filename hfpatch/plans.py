@@ -1,0 +1,93 @@
+"""What a target's signature says, read once when its class is patched: a :class:`Plan`.
+
+The plan decides which filler the patched ``forward`` runs (:mod:`hfpatch.forward`), so that the
+per-call path holds only what a call can change:
+
+- :data:`NO_SLOTS`: the release has no ``cache_position`` (before 4.38 for Llama, 4.52 for GPT-2):
+  positions only;
+- :data:`SLOTS`: the parameter exists (4.38-5.3): positions, and a static cache's slots where the
+  caller leaves them out;
+- :data:`SLOTS_REMOVED`: the parameter is gone and ``**kwargs`` would swallow it (5.4+): positions,
+  and a passed ``cache_position`` honoured instead of ignored.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable, NamedTuple, Optional
+
+from .support import in_range, installed_transformers
+
+__all__ = ["CACHE_NAMES", "NO_SLOTS", "SLOTS", "SLOTS_REMOVED", "Plan", "read_plan"]
+
+CACHE_NAMES = ("cache", "past_key_values")  # 5.24 renamed past_key_values -> cache
+REQUIRED = ("input_ids", "attention_mask", "position_ids", "inputs_embeds")
+
+NO_SLOTS = "no cache_position"
+SLOTS = "cache_position"
+SLOTS_REMOVED = "cache_position removed"
+
+
+class Plan(NamedTuple):
+    """What a target's signature (and the installed release) says, read once per patched class."""
+
+    positional: tuple[str, ...]  # parameters after ``self`` that may be passed by position, in order
+    cache_kw: Optional[str]  # "cache" (5.24+), "past_key_values", or None (no KV cache: OpenAI GPT)
+    era: str  # NO_SLOTS, SLOTS or SLOTS_REMOVED
+    old_cache_kw: Optional[str] = None  # an old name the release still takes, with its own warning (5.24+)
+    attached_cache: Optional[str] = None  # where 4.38-4.40 ``_setup_cache`` keeps a static cache
+    eager_mask_attr: Optional[str] = None  # see ``Adapter.eager_mask``: only where its releases match
+
+
+def read_plan(adapter: Any, forward: Callable, owner: Optional[type] = None) -> Plan:
+    """Read ``forward``'s signature (``owner``: its class); ``TypeError`` saying what is missing if it is
+    not the expected one."""
+    try:
+        params = list(inspect.signature(forward).parameters.values())
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"cannot read the signature of {adapter.target}: {exc}") from exc
+    names = [p.name for p in params]
+    missing = [name for name in REQUIRED if name not in names]
+    if not names or names[0] != "self":
+        missing.insert(0, "self")
+    if missing:
+        found = ", ".join(names)
+        raise TypeError(f"signature mismatch: {adapter.target}({found}) lacks {', '.join(missing)}")
+    positional_kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    if "cache_position" in names:
+        era = SLOTS
+    elif any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        era = SLOTS_REMOVED
+    else:
+        era = NO_SLOTS
+    version, eager_mask = installed_transformers(), adapter.eager_mask
+    in_era = eager_mask is not None and version is not None and in_range(eager_mask[0], version)
+    cache_kw = next((name for name in CACHE_NAMES if name in names), None)
+    attached = adapter.family.attached_cache if era == SLOTS and hasattr(owner, "_setup_cache") else None
+    return Plan(
+        positional=tuple(p.name for p in params[1:] if p.kind in positional_kinds),
+        cache_kw=cache_kw,
+        era=era,
+        old_cache_kw=_renamed_from(forward, cache_kw),
+        attached_cache=attached,
+        eager_mask_attr=eager_mask[1] if in_era else None,
+    )
+
+
+def _renamed_from(forward: Callable, new_name: Optional[str]) -> Optional[str]:
+    """The old name of the cache argument that the release still takes, through transformers'
+    ``deprecate_kwarg`` decorator (5.24: ``past_key_values`` -> ``cache``), which warns the caller.
+    Read from the decorator's closure, anywhere on the ``__wrapped__`` chain."""
+    function: Any = forward
+    while function is not None and new_name is not None:
+        code = getattr(function, "__code__", None)
+        if code is not None and {"old_name", "new_name"} <= set(code.co_freevars):
+            cells = dict(zip(code.co_freevars, function.__closure__ or ()))
+            try:
+                old, new = (cells[name].cell_contents for name in ("old_name", "new_name"))
+            except (KeyError, ValueError):  # an empty cell: not the decorator we know
+                old = new = None
+            if new == new_name and old in CACHE_NAMES:
+                return old
+        function = getattr(function, "__wrapped__", None)
+    return None

@@ -1,0 +1,116 @@
+"""Release policy: which transformers releases an adapter may patch, and why.
+
+An adapter is tested from its ``since`` release through :data:`NEWEST_TESTED` (the upper end of every
+range, stated here once), less the releases it declares known-bad. Newer releases are patched when the
+target's signature still matches, with a warning; older ones never.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import operator
+import sys
+from functools import cache
+from importlib import metadata
+from typing import Any, NamedTuple, Optional
+
+from packaging.version import InvalidVersion, Version
+
+__all__ = [
+    "KNOWN_BAD",
+    "NEWEST_TESTED",
+    "OUTSIDE",
+    "TESTED",
+    "UNTESTED_NEWER",
+    "Support",
+    "in_range",
+    "installed_transformers",
+    "release_has",
+    "support",
+]
+
+NEWEST_TESTED = "5.24.0"  # the newest release of the compat matrix: the upper end of every range
+
+TESTED = "tested"
+UNTESTED_NEWER = "untested newer"
+KNOWN_BAD = "known-bad"
+OUTSIDE = "outside"
+
+
+@cache
+def installed_transformers() -> Optional[Version]:
+    """The installed transformers release (imports nothing: package metadata, unless already imported)."""
+    try:
+        module = sys.modules.get("transformers")
+        return Version(module.__version__ if module is not None else metadata.version("transformers"))
+    except (metadata.PackageNotFoundError, InvalidVersion, AttributeError):
+        return None
+
+
+_OPERATORS = {">=": operator.ge, "<=": operator.le, "==": operator.eq, ">": operator.gt, "<": operator.lt}
+
+
+def in_range(spec: str, version: Version) -> bool:
+    """``version`` satisfies every clause of ``spec`` (``">=4.28,<=5.24.0"``: >=, <=, ==, >, <).
+
+    A small subset of PEP 440 specifiers, compared as plain versions (pre-releases included), so
+    that ``import hfpatch`` needs no ``packaging.specifiers`` (about 9 ms)."""
+    for clause in spec.split(","):
+        clause = clause.strip()
+        op = next((op for op in _OPERATORS if clause.startswith(op)), None)
+        if op is None:
+            raise ValueError(f"versions: cannot read {clause!r} in {spec!r} (expected >=, <=, ==, > or <)")
+        if not _OPERATORS[op](version, _version(clause[len(op) :])):
+            return False
+    return True
+
+
+@cache
+def _version(text: str) -> Version:
+    """``Version(text)``, parsed once: ``status()`` compares the ranges of every adapter."""
+    return Version(text)
+
+
+class Support(NamedTuple):
+    """What hfpatch knows of an adapter on a release: ``tested``, ``untested newer`` (patched, with a
+    warning), ``known-bad`` or ``outside`` (both never patched), and why."""
+
+    level: str
+    reason: str
+
+    @property
+    def patchable(self) -> bool:
+        return self.level in (TESTED, UNTESTED_NEWER)
+
+
+def support(adapter: Any, version: Optional[Version]) -> Support:
+    """Whether ``adapter`` (an :class:`~hfpatch.declarations.Adapter`) may patch this release, and why."""
+    if version is None:
+        return Support(OUTSIDE, "transformers is not installed (or its version cannot be read)")
+    for spec, why in adapter.known_bad:
+        if in_range(spec, version):
+            return Support(
+                KNOWN_BAD, f"transformers {version} is known-bad for {adapter.arch} ({spec}): {why}"
+            )
+    if in_range(adapter.versions, version):
+        return Support(TESTED, f"transformers {version} is tested ({adapter.versions})")
+    if version > _version(NEWEST_TESTED):
+        return Support(
+            UNTESTED_NEWER,
+            f"transformers {version} is newer than the newest tested release, {NEWEST_TESTED}: "
+            "patched because the signature matches",
+        )
+    return Support(
+        OUTSIDE,
+        f"transformers {version} is outside the tested range {adapter.versions}: not patched "
+        "(the compat report shows what the older releases give)",
+    )
+
+
+def release_has(adapter: Any) -> bool:
+    """Whether the installed transformers ships ``adapter``'s module. Imports ``transformers`` (and the
+    model package's lazy ``__init__``), so verify, the tests and compat/ use it, ``apply()`` never does."""
+    try:
+        return importlib.util.find_spec(adapter.module) is not None
+    except ImportError:  # a parent package is missing: transformers itself, or models.<arch>
+        return False

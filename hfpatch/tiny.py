@@ -1,0 +1,165 @@
+"""Tiny random-weight models of any model type, built from its config alone (nothing is downloaded):
+what ``python -m hfpatch`` (the doctor) and ``hfpatch.verify("qwen2")`` run on.
+
+Every config field of the names in :data:`SIZES` that the config class has is shrunk (2 layers, hidden
+64, 4 heads, 2 KV heads, vocab 97, pad id 0), sub-configs (text, vision, audio) alike; :data:`OVERRIDES`
+adds what a few model types need on top to build, or to have every kind of layer.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from typing import Any, Optional
+
+__all__ = ["FLAGSHIPS", "OVERRIDES", "SIZES", "tiny_config", "tiny_model"]
+
+# the doctor's models, one of each kind (gemma and llama: rotary; gpt2: absolute); the full test suite
+# and the compat matrix run on them too
+FLAGSHIPS = ("gemma", "llama", "gpt2")
+
+PAD = 0  # pad id; most tiny models' embedding row for it is zero (padding_idx), as in real checkpoints
+VOCAB = 97
+INIT = 0.1  # larger than the usual 0.02, so that a wrong position shows as a clearly wrong logit
+
+SIZES = {
+    "vocab_size": VOCAB,
+    "hidden_size": 64, "n_embd": 64, "d_model": 64,
+    "num_hidden_layers": 2, "n_layer": 2, "num_layers": 2,
+    "num_attention_heads": 4, "n_head": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "intermediate_size": 128,
+    "max_position_embeddings": 128, "n_positions": 128, "n_ctx": 128,
+    "initializer_range": INIT,
+    "pad_token_id": PAD, "bos_token_id": 1, "eos_token_id": 2,
+    "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 64, "shared_expert_intermediate_size": 64,
+    "kv_lora_rank": 32, "q_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16,
+}  # fmt: skip
+
+_SUB_CONFIGS = ("text_config", "vision_config", "audio_config")
+
+# transformers 5.0.0's configs of these dropped pad_token_id, which their models still read (a
+# checkpoint's config.json sets it; a config built from defaults does not)
+_PAD_ID = {"pad_token_id": PAD}
+_GEMMA4 = {"global_head_dim": 32, "vocab_size_per_layer_input": VOCAB, "hidden_size_per_layer_input": 16}
+
+# per model type (an adapter's own; its aliases that wrap its text model get them in their text config)
+# fmt: off
+OVERRIDES: dict[str, dict[str, Any]] = {
+    "axk1": {"head_dim": 8, "n_group": 2, "topk_group": 1},
+    "codegen": {"rotary_dim": 8},
+    "cohere_compass_text": {
+        "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+    },
+    "dbrx": {
+        "attn_config": {"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0},
+        "ffn_config": {"ffn_hidden_size": 128, "moe_num_experts": 4, "moe_top_k": 2},
+    },
+    "deepseek_v2": {"num_experts_per_tok": 2, "head_dim": 8},
+    "deepseek_v3": {"head_dim": 8},
+    "dory": {"n_input_layers": 1, "n_output_layers": 1, "n_recurrent_layers": None},
+    "dots1": {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1},
+    "dots3_note_text": {
+        "layer_types": ["indexed_attention", "sliding_attention"], "index_n_heads": 2, "index_head_dim": 16,
+        "per_layer_config": {},
+        "vision_config": {"per_layer_config": None, "adapter_in_dim": 64, "adapter_out_dim": 64},
+        "audio_config": {"adapter_input_size": 64, "adapter_out_dim": 64},
+    },
+    "exaone4": _PAD_ID,
+    "flint": {"layer_types": ["sliding_attention", "full_attention"]},
+    "gemma3n_text": {
+        "num_hidden_layers": 4, "layer_types": ["sliding_attention", "full_attention"] * 2,
+        "num_kv_shared_layers": 2, "vocab_size_per_layer_input": VOCAB, "hidden_size_per_layer_input": 16,
+        "laurel_rank": 8,
+    },
+    "gemma4_text": _GEMMA4,
+    "gemma4": _GEMMA4,
+    "gemma4_unified_text": {"global_head_dim": 32},
+    "gemma4_unified": {"global_head_dim": 32},
+    "gpt_neo": {"attention_types": [[["global", "local"], 1]]},
+    "gptj": {"rotary_dim": 8},
+    "hunyuan_v1_dense": {"head_dim": 16},
+    "hunyuan_v1_moe": {"head_dim": 16},
+    "jetmoe": _PAD_ID,
+    "longcat_flash": {"head_dim": 8, "expert_ffn_hidden_size": 32, "zero_expert_num": 2},
+    "minimax_m3_vl_text": {"layer_types": ["full_attention", "minimax_m3_sparse"]},
+    "ministral": {"head_dim": 16},
+    "nemotron": {"num_key_value_heads": 2},
+    "phi": _PAD_ID,
+    "recurrent_gemma": {
+        "lru_width": 64, "block_types": ["recurrent", "attention"], "attention_window_size": 64,
+    },
+    "stablelm": _PAD_ID,
+    "youtu": {"head_dim": 8},
+}
+# fmt: on
+
+
+def tiny_config(model_type: str, sizes: Optional[dict[str, Any]] = None) -> Any:
+    """A tiny config of ``model_type`` (see the module docstring). ``sizes`` replaces some of
+    :data:`SIZES` (same field names: the benchmarks' larger models)."""
+    import transformers
+
+    from .engine import adapter_for
+
+    adapter = adapter_for(model_type)
+    name = adapter.arch if adapter is not None else model_type
+    overrides = copy.deepcopy(OVERRIDES.get(name, {}))  # config classes edit what they are given
+    default = transformers.AutoConfig.for_model(model_type)
+    if name != model_type and hasattr(_field(default, "text_config"), "to_dict"):
+        # an alias that wraps the patched text model: the adapter's own overrides are for its text config
+        text = {key: overrides.pop(key) for key in list(overrides) if key not in _SUB_CONFIGS}
+        overrides["text_config"] = {**text, **overrides.get("text_config", {})}
+    return _shrunk(type(default), default, overrides, {**SIZES, **(sizes or {})})
+
+
+def tiny_model(
+    model_type: str, seed: int = 0, attention: Optional[str] = None, sizes: Optional[dict[str, Any]] = None
+) -> Any:
+    """A tiny random-weight causal LM of ``model_type`` (:func:`tiny_config`), fp32, eval mode;
+    ``attention``: ``"eager"`` or ``"sdpa"`` (default: the release's own default)."""
+    import torch
+    import transformers
+
+    config = tiny_config(model_type, sizes)
+    if attention is not None:
+        config._attn_implementation = attention  # chosen at init; older releases read only this field
+    torch.manual_seed(seed)
+    return transformers.AutoModelForCausalLM.from_config(config).float().eval()
+
+
+def _shrunk(config_class: type, default: Any, overrides: dict, sizes: dict) -> Any:
+    kwargs = {
+        name: value
+        for name, value in sizes.items()
+        if _field(default, name) is not None and not _read_only(config_class, name)
+    }
+    if _field(default, "kv_lora_rank") is not None:  # MLA: one KV head per query head
+        kwargs["num_key_value_heads"] = sizes["num_attention_heads"]
+    params = inspect.signature(config_class.__init__).parameters
+    for name in _SUB_CONFIGS:
+        sub = _field(default, name)
+        if sub is not None and hasattr(sub, "to_dict"):
+            kwargs[name] = _shrunk(type(sub), sub, overrides.pop(name, {}), sizes).to_dict()
+        elif sub is None and name not in params:
+            overrides.pop(name, None)  # a sub-config override for the wrapper an alias has (see tiny_config)
+    kwargs.update(overrides)
+    return config_class(**kwargs)
+
+
+def _field(config: Any, name: str) -> Any:
+    """``config.name`` (``None`` where the config has none); ``...`` for a per-layer field of a
+    heterogeneous config, which raises on global access: the tiny config sets it for every layer."""
+    try:
+        return getattr(config, name, None)
+    except Exception:  # noqa: BLE001 - e.g. AmbiguousGlobalPerLayerAttributeError (not an AttributeError)
+        return ...
+
+
+def _read_only(config_class: type, name: str) -> bool:
+    """A field the config class derives itself (a property without a setter): it cannot be passed."""
+    attribute = inspect.getattr_static(config_class, name, None)
+    return isinstance(attribute, property) and attribute.fset is None

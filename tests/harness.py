@@ -1,0 +1,149 @@
+"""The tests' own harness: padded batches split into KV-cached calls, and the reference each real token
+is held to, written here independently of hfpatch's ``verify`` (so that a bug there cannot hide a bug
+in the patch). Also the random cases the property tests and the compat matrix's case count draw.
+
+Reference: the same row run alone, unpadded, in one call, on stock transformers.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from typing import Any, Optional
+
+import torch
+
+import hfpatch
+from hfpatch.tiny import PAD, VOCAB
+from hfpatch.verification import TOLERANCE, WRONG, new_static_cache
+
+__all__ = [
+    "PAD",
+    "TOLERANCE",
+    "VOCAB",
+    "WRONG",
+    "cache_kwarg",
+    "max_diff",
+    "output_cache",
+    "random_case",
+    "random_rows",
+    "run_alone",
+    "run_padded",
+    "static_cache",
+]
+
+static_cache = new_static_cache  # StaticCache's constructor across releases
+
+
+def cache_kwarg(model: Any) -> Optional[str]:
+    """``cache`` (5.24+), ``past_key_values``, or ``None`` for a model without a KV cache."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values" if "past_key_values" in params else None
+
+
+def output_cache(output: Any) -> Any:
+    """The cache a call returned (``.cache`` from 5.24, ``.past_key_values`` before)."""
+    for key in ("cache", "past_key_values"):
+        if key in output.keys():
+            return output[key]
+    return None
+
+
+def random_rows(lengths: Sequence[int], seed: int = 0) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(1, VOCAB, (n,), generator=generator).tolist() for n in lengths]
+
+
+def run_alone(model: Any, tokens: Sequence[int]) -> torch.Tensor:
+    """Logits ``[len(tokens), vocab]`` of one sequence, unpadded, in one call, on stock transformers."""
+    with torch.no_grad(), hfpatch.unpatched():
+        return model(input_ids=torch.tensor([list(tokens)])).logits[0]
+
+
+def max_diff(model: Any, rows: Sequence[Sequence[int]], got: Sequence[torch.Tensor]) -> float:
+    """Largest |logit difference| at any real token between ``got`` and each row run alone."""
+    return max((run_alone(model, row) - logits).abs().max().item() for row, logits in zip(rows, got))
+
+
+def run_padded(
+    model: Any,
+    rows: Sequence[Sequence[int]],
+    chunks: Sequence[Sequence[int]],
+    left: Sequence[Sequence[bool]],
+    cache: Any = None,
+    mask_width: Optional[int] = None,
+    pass_cache_position: bool = False,
+    cache_name: Optional[str] = None,
+    **extra: Any,
+) -> list[torch.Tensor]:
+    """Run ``rows`` as one padded batch, split into KV-cached calls; return each row's real-token logits.
+
+    ``chunks[c][r]``: how many of row ``r``'s next tokens go into call ``c`` (0 allowed); ``left[c][r]``:
+    pad row ``r`` on the left in call ``c`` (else on the right). ``cache``: the cache to start from;
+    ``mask_width``: pad every mask with zeros to this many columns (a static cache's full length);
+    ``pass_cache_position``: pass each call's slots explicitly; ``model`` may be any callable that
+    takes the model's keyword arguments (then ``cache_name`` says what the cache is called).
+    """
+    name = cache_name or cache_kwarg(model)
+    done = [0] * len(rows)
+    columns: list[list[int]] = [[] for _ in rows]  # the whole mask so far, row by row
+    logits: list[list[torch.Tensor]] = [[] for _ in rows]
+    for counts, lefts in zip(chunks, left):
+        width = max(counts)
+        if width == 0:
+            continue
+        ids, real = [], []
+        for r, (count, on_left) in enumerate(zip(counts, lefts)):
+            tokens = list(rows[r][done[r] : done[r] + count])
+            pads = [PAD] * (width - count)
+            ids.append(pads + tokens if on_left else tokens + pads)
+            real.append(range(width - count, width) if on_left else range(count))
+            columns[r] += [1 if i in real[r] else 0 for i in range(width)]
+            done[r] += count
+        past = len(columns[0]) - width
+        mask = torch.tensor([row + [0] * ((mask_width or len(row)) - len(row)) for row in columns])
+        kwargs = dict(extra, input_ids=torch.tensor(ids), attention_mask=mask)
+        if name is not None:
+            kwargs.update({name: cache, "use_cache": True})
+        if pass_cache_position:
+            kwargs["cache_position"] = torch.arange(past, past + width)
+        with torch.no_grad():
+            out = model(**kwargs)
+        returned = output_cache(out) if name is not None else None
+        cache = returned if returned is not None else cache  # some releases return a new cache object
+        for r in range(len(rows)):
+            logits[r] += [out.logits[r, i] for i in real[r]]
+    return [torch.stack(row) for row in logits]
+
+
+def random_case(rng: Any, max_batch: int = 3, max_calls: int = 3, max_new: int = 4) -> tuple:
+    """One random padded, KV-cached batch: ``(rows, chunks, left)`` for :func:`run_padded`. ``rng`` is a
+    ``random.Random`` or a hypothesis ``draw``-backed object with the same ``randint``/``random``."""
+    batch, calls = rng.randint(1, max_batch), rng.randint(1, max_calls)
+    chunks = [[rng.randint(0, max_new) for _ in range(batch)] for _ in range(calls)]
+    for r in range(batch):  # every row has at least one real token
+        if sum(c[r] for c in chunks) == 0:
+            chunks[0][r] = rng.randint(1, max_new)
+    left = [[rng.random() < 0.5 for _ in range(batch)] for _ in range(calls)]
+    rows = [[rng.randint(1, VOCAB - 1) for _ in range(sum(c[r] for c in chunks))] for r in range(batch)]
+    return rows, chunks, left
+
+
+# For a subprocess (no tests on its path): transformers #18104 on a tiny model, written out by hand.
+# ``error_18104(model_type)`` is the largest |logit difference| of a right-padded cached prefix
+# continued by one token, against the row run alone; stock is wrong (gpt2: about 1.3), hfpatch exact.
+SCRIPT_18104 = """
+def error_18104(model_type):
+    import torch
+    from hfpatch.tiny import tiny_model
+    model = tiny_model(model_type)
+    a, b = [5, 6, 7, 8], [9, 10, 11, 12, 13]
+    with torch.no_grad():
+        first = model(input_ids=torch.tensor([a[:3] + [0], b[:4]]),
+                      attention_mask=torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]]), use_cache=True)
+        cache = first["cache"] if "cache" in first.keys() else first["past_key_values"]
+        second = model(input_ids=torch.tensor([[a[3]], [b[4]]]),
+                       attention_mask=torch.tensor([[1, 1, 1, 0, 1], [1, 1, 1, 1, 1]]), past_key_values=cache)
+        alone = model(input_ids=torch.tensor([a])).logits[0, -1]
+    return (second.logits[0, 0] - alone).abs().max().item()
+"""
