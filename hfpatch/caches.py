@@ -102,6 +102,7 @@ def count_written(cache: Any, end: Union[int, torch.Tensor], device: torch.devic
         if torch.compiler.is_compiling():
             return  # started by an eager call: the first one with this cache (a prefill, usually)
         counter = torch.zeros((), dtype=torch.long, device=device)
+        torch._dynamo.mark_static_address(counter)  # updated in place: CUDA graphs keep its address
         setattr(cache, COUNTER, counter)
         if callable(getattr(type(cache), "reset", None)):
             cache.reset = types.MethodType(_reset_and_clear, cache)

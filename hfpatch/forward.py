@@ -165,9 +165,9 @@ def fill_slots(model: Any, plan: Plan, kwargs: dict, cache: Any) -> None:
     mask_len = _mask_length(kwargs)
     past = _static_past(static, size, num_new, mask_len, strict=mask is not None)
     kwargs["cache_position"] = cache_positions(num_new, past, tokens.device)
-    caches.count_written(static, past + num_new, tokens.device)
     if mask is not None:
         kwargs["position_ids"] = new_token_positions(mask, num_new, _where_new(num_new, past, mask_len))
+    caches.count_written(static, past + num_new, tokens.device)  # last: ``past`` may be the count itself
 
 
 def fill_removed_slots(model: Any, plan: Plan, kwargs: dict, cache: Any) -> None:

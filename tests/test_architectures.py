@@ -15,10 +15,14 @@ from hfpatch.tiny import tiny_model
 from conftest import REGISTRY, TF, arch_skip_reason
 from harness import TOLERANCE, WRONG
 
-pytestmark = pytest.mark.slow  # every covered model type twice: the nox sessions run it, not the quick suite
-
-# the model types that run a patched class: each adapter's own and its aliases (exaone runs LlamaModel)
+# the model types that run a patched class: each adapter's own and its aliases (exaone runs LlamaModel);
+# the quick suite probes a few of each kind, the nox sessions (and CI) every one
 COVERED = [(name, alias) for name, adapter in REGISTRY.items() for alias in (name, *adapter.aliases)]
+QUICK = {"qwen2", "mistral", "gemma3", "gpt_neo", "exaone"}  # rotary, window, multimodal, absolute, alias
+PARAMS = [
+    pytest.param(name, alias, id=alias, marks=() if alias in QUICK else pytest.mark.slow)
+    for name, alias in COVERED
+]
 # the causal-LM model types of the newest release that are not decoder-only: encoders with an LM head
 # and the decoders of encoder-decoder models (the decoders issue covers those)
 NOT_DECODER_ONLY = {
@@ -39,7 +43,7 @@ def _tiny(model_type: str, attention: str):
 
 
 @pytest.mark.parametrize("attention", ["eager", "sdpa"])
-@pytest.mark.parametrize("name, model_type", COVERED, ids=[alias for _, alias in COVERED])
+@pytest.mark.parametrize("name, model_type", PARAMS)
 def test_verify_covered_architecture(name, model_type, attention, record_property):
     reason = arch_skip_reason(name)
     if reason:

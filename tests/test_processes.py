@@ -19,6 +19,8 @@ from hfpatch.tiny import FLAGSHIPS
 from conftest import REGISTRY, arch_skip_reason
 from harness import SCRIPT_18104, TOLERANCE, WRONG
 
+pytestmark = pytest.mark.slow  # processes start Python and torch again: nox -s integrations runs them
+
 ARCH = next(a for a in FLAGSHIPS if REGISTRY[a].family.left_padding_wrong_on_stock)
 
 MEASURE = (
