@@ -18,7 +18,7 @@ from typing import Any, Callable, NamedTuple, Optional
 
 from .support import in_range, installed_transformers
 
-__all__ = ["CACHE_NAMES", "NO_SLOTS", "SLOTS", "SLOTS_REMOVED", "Plan", "read_plan"]
+__all__ = ["CACHE_NAMES", "NO_SLOTS", "SLOTS", "SLOTS_REMOVED", "Plan", "attaches_static_caches", "read_plan"]
 
 CACHE_NAMES = ("cache", "past_key_values")  # 5.24 renamed past_key_values -> cache
 REQUIRED = ("input_ids", "attention_mask", "position_ids", "inputs_embeds")
@@ -37,6 +37,13 @@ class Plan(NamedTuple):
     old_cache_kw: Optional[str] = None  # an old name the release still takes, with its own warning (5.24+)
     attached_cache: Optional[str] = None  # where 4.38-4.40 ``_setup_cache`` keeps a static cache
     eager_mask_attr: Optional[str] = None  # see ``Adapter.eager_mask``: only where its releases match
+
+
+def attaches_static_caches(model: Any) -> bool:
+    """transformers 4.38-4.40: a static cache lives on the attention layers (``model._setup_cache``);
+    a ``StaticCache`` object passed as the cache argument is broken there (every layer writes one
+    buffer). ``model``: a model instance or class."""
+    return hasattr(model, "_setup_cache")
 
 
 def read_plan(adapter: Any, forward: Callable, owner: Optional[type] = None) -> Plan:
@@ -63,7 +70,7 @@ def read_plan(adapter: Any, forward: Callable, owner: Optional[type] = None) -> 
     version, eager_mask = installed_transformers(), adapter.eager_mask
     in_era = eager_mask is not None and version is not None and in_range(eager_mask[0], version)
     cache_kw = next((name for name in CACHE_NAMES if name in names), None)
-    attached = adapter.family.attached_cache if era == SLOTS and hasattr(owner, "_setup_cache") else None
+    attached = adapter.family.attached_cache if era == SLOTS and attaches_static_caches(owner) else None
     return Plan(
         positional=tuple(p.name for p in params[1:] if p.kind in positional_kinds),
         cache_kw=cache_kw,

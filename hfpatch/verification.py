@@ -18,6 +18,7 @@ from packaging.version import Version
 
 from . import engine
 from .declarations import Adapter
+from .plans import attaches_static_caches
 from .positions import new_token_positions
 from .support import installed_transformers
 from .tiny import PAD, VOCAB, tiny_model
@@ -405,7 +406,7 @@ def _returns_a_cache(model: Any) -> bool:
 def _takes_static_cache(model: Any) -> bool:
     import transformers
 
-    if not hasattr(transformers, "StaticCache") or hasattr(model, "_setup_cache"):
+    if not hasattr(transformers, "StaticCache") or attaches_static_caches(model):
         return False  # none before 4.38; 4.38-4.40 attach it to the layers instead
     try:
         with torch.no_grad():

@@ -2,7 +2,7 @@
 facts read from the declarations or from what stock transformers does.
 
 Every test runs on whatever transformers release is installed; a test that cannot apply to it skips
-with the release fact that says why (see docs/releases.md).
+with the release fact that says why (docs/compatibility.md lists them).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, settings
 
 import hfpatch
 from hfpatch import engine
-from hfpatch.plans import Plan, read_plan
+from hfpatch.plans import Plan, attaches_static_caches, read_plan
 from hfpatch.support import installed_transformers, release_has, support
 from hfpatch.tiny import FLAGSHIPS, tiny_model
 
@@ -59,7 +59,7 @@ def _accepts(model_id: int, kind: str) -> str | None:
     if kind == "static":
         if not hasattr(transformers, "StaticCache"):
             return f"StaticCache first shipped in 4.38 (installed: {TF})"
-        if hasattr(model, "_setup_cache"):
+        if attaches_static_caches(model):
             return f"a StaticCache object as the cache argument needs 4.41+ (installed: {TF})"
     elif not hasattr(transformers, "DynamicCache"):
         return f"Cache objects first shipped in 4.36 (installed: {TF})"

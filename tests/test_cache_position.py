@@ -10,7 +10,7 @@ import torch
 from packaging.version import Version
 from torch._dynamo.testing import CompileCounter
 
-from hfpatch.plans import SLOTS, SLOTS_REMOVED
+from hfpatch.plans import SLOTS, SLOTS_REMOVED, attaches_static_caches
 
 from conftest import TF, cache_object_skip_reason, make_dynamic_cache, plan, static_cache_skip_reason, stock
 from harness import (
@@ -153,7 +153,7 @@ def test_static_cache_count_survives_reset_and_compile(model, arch):
 def test_setup_cache_static_path(model, arch):
     """4.38-4.40's supported static path (the cache lives on the attention layers): no cache_position
     needed, and right (stock silently overwrote slot 0)."""
-    if not hasattr(model, "_setup_cache"):
+    if not attaches_static_caches(model):
         pytest.skip(f"model._setup_cache exists in 4.38-4.40 only (installed: {TF})")
     chunks, left = ROWS_CHUNKS
     rows = random_rows([6, 6], seed=23)
@@ -168,7 +168,7 @@ def test_setup_cache_static_path(model, arch):
 
 
 def test_static_cache_object_before_4_41_is_a_clear_error(model, arch):
-    if not (Version("4.38") <= TF < Version("4.41")) or plan(model).era != SLOTS:
+    if not attaches_static_caches(model) or plan(model).era != SLOTS:
         pytest.skip(f"StaticCache objects are usable as the cache argument from 4.41 (installed: {TF})")
     with pytest.raises(ValueError, match="_setup_cache"):
         _run(model, lambda: static_cache(model, 2, 16), explicit=False)
