@@ -22,11 +22,13 @@ class Family(NamedTuple):
         left_padding_wrong_on_stock: what follows for one call with left padding.
         attached_cache: attribute path from the base model to a static cache kept outside the
             forward's arguments (4.38-4.40 ``model._setup_cache``), read only to find cache slots.
+        notes: (releases, what positions leave wrong there): shown by ``status()`` on those releases.
     """
 
     name: str
     left_padding_wrong_on_stock: bool
     attached_cache: Optional[str] = None
+    notes: tuple[tuple[str, str], ...] = ()
 
 
 class Adapter(NamedTuple):

@@ -51,9 +51,10 @@ Archs = Union[str, Iterable[str], None]
 
 
 class _State:
-    __slots__ = ("pinned", "holders", "hooked", "owner", "original", "patch", "skip_reason", "switch")
+    __slots__ = ("name", "pinned", "holders", "hooked", "owner", "original", "patch", "skip_reason", "switch")
 
-    def __init__(self) -> None:
+    def __init__(self, name: str) -> None:
+        self.name = name  # the adapter's model type
         self.pinned = False  # apply() asked for it (until revert()); the patched forward reads it
         self.holders: set[object] = set()  # tokens of the patched() blocks still open, in any thread
         self.hooked = False  # a post-import hook is registered for its module (wrapt keeps hooks forever)
@@ -104,6 +105,9 @@ _warned: set[str] = set()  # warnings already given in this process
 _open_blocks: set[object] = set()  # tokens of the patched() blocks not exited yet
 _swapped: dict[Callable, Callable] = {}  # forward functions just replaced on a class: old -> new
 _applied_by: list[str] = []  # how apply() was called in this process, when not by the user's code
+# rotary classes of a patched module whose rope scaling hfpatch makes per row (hfpatch.rope), by module:
+# (the adapters installed in it, the (class, original forward) pairs); undone with its last adapter
+_rotary: dict[str, tuple[set[str], list[tuple[type, Callable]]]] = {}
 
 
 class AdapterStatus(NamedTuple):
@@ -180,7 +184,7 @@ def register_all(*adapters: Adapter) -> tuple[Adapter, ...]:
                 if name in _registry or name in _aliases or name in _undeclared:
                     raise ValueError(f"model type {name!r} is declared twice")
             _registry[adapter.arch] = adapter
-            _states[adapter.arch] = _State()
+            _states[adapter.arch] = _State(adapter.arch)
             _aliases.update((alias, adapter.arch) for alias in adapter.aliases)
     return adapters
 
@@ -431,6 +435,7 @@ def _install(adapter: Adapter, state: _State, module: Any) -> None:
 
     state.owner, state.original, state.patch = owner, original, make_forward(adapter, original, plan, state)
     state.skip_reason = None
+    _install_rotary(module, adapter.arch)
     if plan.eager_mask_attr is not None:
         name = plan.eager_mask_attr
         state.switch = (name, owner.__dict__.get(name))
@@ -445,6 +450,7 @@ def _uninstall(state: _State) -> None:
         if state.owner.__dict__.get("forward") is state.patch:
             type.__setattr__(state.owner, "forward", state.original)
             _swapped[state.patch] = state.original
+        _uninstall_rotary(state.owner.__module__, state.name)
         if state.switch is not None:
             name, before = state.switch
             if before is None:
@@ -452,6 +458,41 @@ def _uninstall(state: _State) -> None:
             else:
                 type.__setattr__(state.owner, name, before)
         state.owner = state.original = state.patch = state.switch = None
+
+
+def _install_rotary(module: Any, arch: str) -> None:
+    """Per-row rope scaling for the rotary classes of ``module`` (:mod:`hfpatch.rope`), patched once
+    while an adapter of it is installed, and active in a call where one of them is."""
+    from .forward import patched_here
+    from .rope import patch_rotary_classes, per_row_forward
+
+    entry = _rotary.get(module.__name__)
+    if entry is not None:
+        entry[0].add(arch)
+        return
+    users: set[str] = {arch}
+
+    def active() -> bool:
+        return any(patched_here(name, _states[name]) for name in users)
+
+    _rotary[module.__name__] = (
+        users,
+        patch_rotary_classes(module, lambda f, raw: per_row_forward(f, raw, active)),
+    )
+
+
+def _uninstall_rotary(module_name: str, arch: str) -> None:
+    entry = _rotary.get(module_name)
+    if entry is None:
+        return
+    users, classes = entry
+    users.discard(arch)
+    if users:
+        return
+    for cls, forward in classes:
+        if getattr(cls.__dict__.get("forward"), "__hfpatch_rope__", False):
+            type.__setattr__(cls, "forward", forward)
+    del _rotary[module_name]
 
 
 HOOK_ATTRIBUTES = ("_old_forward", "forward")  # accelerate's add_hook_to_module / remove_hook_from_module

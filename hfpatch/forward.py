@@ -39,7 +39,7 @@ from .engine import THREADS
 from .plans import CACHE_NAMES, NO_SLOTS, SLOTS, SLOTS_REMOVED, Plan
 from .positions import cache_positions, new_token_positions
 
-__all__ = ["make_forward"]
+__all__ = ["make_forward", "patched_here"]
 
 Past = Union[int, torch.Tensor]  # cached tokens before this call: an int, or a 0-d tensor (static caches)
 
@@ -53,15 +53,12 @@ def make_forward(adapter: Any, original: Callable, plan: Plan, switch: Any) -> C
 
     @functools.wraps(original)  # keeps __wrapped__, so inspect.signature shows the original parameters
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
-        compiling = torch.compiler.is_compiling()
-        if not compiling:  # compiled code is traced once: the thread has no say
-            overrides = THREADS.overrides
-            if not (switch.pinned if overrides is None else overrides.get(arch, switch.pinned)):
-                return original(self, *args, **kwargs)
+        if not patched_here(arch, switch):
+            return original(self, *args, **kwargs)
         if args:
             _bind_positional(adapter, plan, args, kwargs)
         cache = _take_cache(plan, kwargs) if cache_kw is not None else None
-        if eager_mask is not None and not compiling and _continues_a_prefix(kwargs):
+        if eager_mask is not None and not torch.compiler.is_compiling() and _continues_a_prefix(kwargs):
             fill(self, plan, kwargs, cache)
             return _with_eager_mask(original, self, kwargs)
         fill(self, plan, kwargs, cache)
@@ -69,6 +66,15 @@ def make_forward(adapter: Any, original: Callable, plan: Plan, switch: Any) -> C
 
     forward.__hfpatch_adapter__ = arch  # type: ignore[attr-defined]
     return forward
+
+
+def patched_here(arch: str, switch: Any) -> bool:
+    """Whether this call gets the patch: compiled code always (it is traced once, with what is
+    installed); in eager mode, this thread's ``patched()``/``unpatched()`` choice, else ``apply()``'s."""
+    if torch.compiler.is_compiling():
+        return True
+    overrides = THREADS.overrides
+    return switch.pinned if overrides is None else overrides.get(arch, switch.pinned)
 
 
 def _continues_a_prefix(kwargs: dict) -> bool:

@@ -92,13 +92,14 @@ def support(adapter: Any, version: Optional[Version]) -> Support:
             return Support(
                 KNOWN_BAD, f"transformers {version} is known-bad for {adapter.arch} ({spec}): {why}"
             )
+    notes = "".join(f"; {note}" for spec, note in adapter.family.notes if in_range(spec, version))
     if in_range(adapter.versions, version):
-        return Support(TESTED, f"transformers {version} is tested ({adapter.versions})")
+        return Support(TESTED, f"transformers {version} is tested ({adapter.versions}){notes}")
     if version > _version(NEWEST_TESTED):
         return Support(
             UNTESTED_NEWER,
             f"transformers {version} is newer than the newest tested release, {NEWEST_TESTED}: "
-            "patched because the signature matches",
+            f"patched because the signature matches{notes}",
         )
     return Support(
         OUTSIDE,

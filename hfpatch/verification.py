@@ -20,6 +20,7 @@ from . import engine
 from .declarations import Adapter
 from .plans import attaches_static_caches
 from .positions import new_token_positions
+from .rope import per_row_scaling, scaled_rope
 from .support import installed_transformers
 from .tiny import PAD, VOCAB, tiny_model
 
@@ -40,6 +41,7 @@ __all__ = [
 TOLERANCE = 1e-5  # fp32, max |difference| at any real token: exact (the one tolerance of every check)
 WRONG = 1e-3  # a difference above this is a wrong result, not float noise (between the two: noise)
 STATIC_SLOTS = 16
+MAX_ROPE_PROBE = 1024  # longest original context the rope scenario probes (a row past it, in one call)
 _V4_56 = Version("4.56")  # from_pretrained's torch_dtype became dtype
 
 
@@ -260,6 +262,14 @@ def _limits(model: Any, adapter: Optional[Adapter]) -> list[str]:
             f"sliding window / chunked attention ({window} tokens): the window counts cache columns, so a "
             "hole from a padded cached prefix inside the window stays wrong (not probed here)"
         )
+    scaled = scaled_rope(model)
+    if scaled is not None:
+        kind, threshold = scaled
+        if not per_row_scaling(kind):
+            notes.append(f"{kind} rope scales rows by the batch's longest on transformers "
+                         f"{installed_transformers()} (per row from 4.51, dynamic from 4.56)")  # fmt: skip
+        if threshold > MAX_ROPE_PROBE:
+            notes.append(f"{kind} rope past the original context ({threshold} tokens): not probed here")
     return notes
 
 
@@ -276,6 +286,13 @@ def _probes(
         variable = SCENARIOS[2]
         factory = lambda: new_static_cache(model, len(variable.lengths), STATIC_SLOTS)  # noqa: E731
         probes.append((f"{variable.name}, StaticCache", variable, factory, STATIC_SLOTS))
+    scaled = scaled_rope(model)
+    if scaled is not None and scaled[1] <= MAX_ROPE_PROBE:  # a short row batched with one past the context
+        kind, threshold = scaled
+        lengths = (max(2, threshold // 2), threshold + 8)
+        crossing = Scenario(f"{kind}: rows of {lengths[0]} and {lengths[1]} tokens, one call", lengths,
+                            (lengths,), ((False, False),), cached=False)  # fmt: skip
+        probes.append((crossing.name, crossing, None, None))
     return probes
 
 

@@ -147,3 +147,47 @@ def error_18104(model_type):
         alone = model(input_ids=torch.tensor([a])).logits[0, -1]
     return (second.logits[0, 0] - alone).abs().max().item()
 """
+
+
+ORIGINAL_CONTEXT = 32  # the tiny scaled-rope models' original context: rows of 20 and 60 tokens cross it
+
+
+def scaled_rope_model(model_type: str, kind: str, attention: Optional[str] = None, seed: int = 0) -> Any:
+    """A tiny model of ``model_type`` whose rope scaling depends on the length: ``longrope`` (short and
+    clearly different long factors, original context 32) or ``dynamic`` (NTK, factor 4, threshold 32),
+    in the release's own config form (5.x ``rope_parameters``, 4.x ``rope_scaling``)."""
+    import transformers
+    from packaging.version import Version
+
+    from hfpatch.tiny import tiny_config
+
+    config = tiny_config(model_type)
+    fields = config.to_dict()
+    for key in ("model_type", "transformers_version", "architectures", "_name_or_path"):
+        fields.pop(key, None)
+    five = Version(transformers.__version__) >= Version("5")
+    half = (config.hidden_size // config.num_attention_heads) // 2
+    if kind == "longrope":
+        params = {
+            "short_factor": [1.0 + 0.05 * i for i in range(half)],
+            "long_factor": [1.0 + 1.5 * i for i in range(half)],
+        }
+        if model_type == "phimoe":
+            params.update(short_mscale=1.0, long_mscale=1.6)
+        fields.update(max_position_embeddings=128, original_max_position_embeddings=ORIGINAL_CONTEXT)
+        if five:
+            params.update(
+                rope_type="longrope", rope_theta=10000.0, original_max_position_embeddings=ORIGINAL_CONTEXT
+            )
+        else:
+            params["type"] = "longrope"
+    else:
+        params = {"factor": 4.0}
+        fields["max_position_embeddings"] = ORIGINAL_CONTEXT  # dynamic NTK's threshold
+        params.update(rope_type="dynamic", rope_theta=10000.0) if five else params.update(type="dynamic")
+    fields["rope_parameters" if five else "rope_scaling"] = params
+    config = type(config)(**fields)
+    if attention is not None:
+        config._attn_implementation = attention
+    torch.manual_seed(seed)
+    return transformers.AutoModelForCausalLM.from_config(config).float().eval()

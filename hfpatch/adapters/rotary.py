@@ -6,8 +6,17 @@ package, aliases, limits, known-bad releases)."""
 from ..declarations import Adapter, Family
 from ..engine import register_all
 
+# rope whose scaling depends on the length (a checkpoint's longrope or dynamic NTK) is scaled per row
+# where transformers' dynamic_rope_update lets hfpatch reach it (hfpatch/rope.py)
+PER_BATCH_ROPE = (
+    ("<4.51", "a checkpoint's longrope or dynamic NTK rope is scaled by the batch's longest row here"),
+    (">=4.51,<4.56", "a checkpoint's dynamic NTK rope is scaled by the batch's longest row here"),
+)
 ROTARY = Family(
-    "rotary", left_padding_wrong_on_stock=False, attached_cache="layers.0.self_attn.past_key_value"
+    "rotary",
+    left_padding_wrong_on_stock=False,
+    attached_cache="layers.0.self_attn.past_key_value",
+    notes=PER_BATCH_ROPE,
 )
 
 SDPA_436 = (">=4.36,<4.38", "_use_sdpa")  # transformers' _unmask_unattended: see Adapter.eager_mask

@@ -1,0 +1,283 @@
+"""Rope scaled per row: ``longrope`` and dynamic NTK choose their scaling from a row's own largest
+position, not from the whole batch's.
+
+transformers (4.51+) wraps every rotary class's ``forward`` in ``dynamic_rope_update``, which reads
+``max(position_ids)`` over the whole batch: a short row batched with a row past the original context
+is rotated with the long row's factors (longrope), or its NTK frequencies (dynamic), and its logits
+differ from the row run alone. The classes are found by that decorator's code object, never by name;
+their ``forward`` is replaced while their model's adapter is patched. For a rope type whose scaling
+does not depend on the length, the replacement calls the original at once.
+
+The rule, for one call and across cached calls: each row's new tokens are rotated with the factors
+that row alone would get in the same call, chosen from its own largest position (its cached real
+tokens plus its new ones, or the caller's explicit ``position_ids``). Keys already cached keep the
+rotation they were written with, as on stock: a row that crosses the original context between calls
+differs from itself run in one call, on stock too (the reference is the row alone, same calls).
+
+- longrope: two calls of the undecorated forward, short and long factors, the long rows' positions
+  zeroed in the first and one column at the threshold added to the second (so that a body that reads
+  the batch's largest position itself, 5.x PhiMoE's, decides as each row would); each row takes its own.
+- dynamic: each row's frequencies from the release's own NTK function at its own length (it takes a
+  tensor length from 4.56): in one call where the body broadcasts ``position_ids[..., None] *
+  inv_freq`` (5.19+), else one call per row.
+
+The undecorated forward reads the frequencies from the module, so they are swapped in for the call,
+under a lock in eager mode (another thread on the same module waits instead of reading them), and put
+back. Compile-safe: no ``.item()``, no branch on tensor values.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+from typing import Any, Callable, Optional
+
+import torch
+
+__all__ = [
+    "DYNAMIC",
+    "LONGROPE",
+    "patch_rotary_classes",
+    "per_row_scaling",
+    "scaled_rope",
+    "scaled_rope_kind",
+]
+
+LONGROPE, DYNAMIC = "longrope", "dynamic"
+_LOCK = threading.RLock()
+_TENSOR_NTK: dict = {}  # whether the release's NTK function takes a tensor length (4.56+), read once
+
+
+def scaled_rope_kind(rope_type: Any) -> Optional[str]:
+    """``longrope``, ``dynamic`` (any rope type with it in its name, as transformers tests it), or None."""
+    if not isinstance(rope_type, str):
+        return None
+    if rope_type == LONGROPE:
+        return LONGROPE
+    return DYNAMIC if "dynamic" in rope_type else None
+
+
+def scaled_rope(model: Any) -> Optional[tuple[str, int]]:
+    """(kind, original context) of the first rotary module of ``model`` whose scaling depends on the
+    length, or None."""
+    for module in model.modules():
+        rope_type = getattr(module, "rope_type", None)
+        for name in rope_type.values() if isinstance(rope_type, dict) else [rope_type]:
+            kind = scaled_rope_kind(name)
+            if kind == LONGROPE and hasattr(module, "config"):
+                return kind, _longrope_threshold(module, None)
+            if kind == DYNAMIC and isinstance(getattr(module, "original_max_seq_len", None), int):
+                return kind, module.original_max_seq_len
+    return None
+
+
+def per_row_scaling(kind: str) -> bool:
+    """Whether hfpatch scales this kind of rope per row on the installed release: rotary classes wrapped
+    in ``dynamic_rope_update`` (4.51+), and for dynamic NTK a function that takes tensor lengths (4.56+)."""
+    return _decorator_code() is not None and (kind != DYNAMIC or _ntk_takes_tensors())
+
+
+def patch_rotary_classes(module: Any, make: Callable[[Callable], Callable]) -> list[tuple[type, Callable]]:
+    """Replace the ``forward`` of every rotary class defined in ``module`` that transformers wraps in
+    ``dynamic_rope_update``; ``make(forward)`` builds the replacement. Returns (class, original) pairs."""
+    code = _decorator_code()
+    done = []
+    for value in list(vars(module).values()):
+        if not (isinstance(value, type) and value.__module__ == module.__name__):
+            continue
+        original = vars(value).get("forward")
+        raw = _undecorated(original, code)
+        if raw is None:
+            continue
+        type.__setattr__(value, "forward", make(original, raw))
+        done.append((value, original))
+    return done
+
+
+def per_row_forward(original: Callable, raw: Callable, active: Callable[[], bool]) -> Callable:
+    """The replacement rotary ``forward``: per-row scaling for longrope and dynamic NTK while
+    ``active()`` (the adapter's switch in this thread), the original otherwise."""
+    broadcasts = _broadcasts(raw)  # read once, here: inspect cannot run under dynamo
+    ntk_takes_tensors = _ntk_takes_tensors()
+
+    @functools.wraps(original)
+    def forward(self: Any, x: torch.Tensor, position_ids: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        layer_type = kwargs.get("layer_type", args[0] if args else None)
+        rope_type = self.rope_type if layer_type is None else self.rope_type[layer_type]
+        kind = scaled_rope_kind(rope_type)
+        if kind is None or (kind == DYNAMIC and not ntk_takes_tensors) or not active():
+            return original(self, x, position_ids, *args, **kwargs)
+        lengths = _row_lengths(position_ids)
+        prefix = "" if layer_type is None else f"{layer_type}_"
+        short = getattr(self, f"{prefix}original_inv_freq").to(x.device)
+        if kind == LONGROPE:
+            threshold = _longrope_threshold(self, layer_type)
+            long = _long_inv_freq(self, rope_type, threshold, layer_type, x.device)
+            return _longrope(self, raw, x, position_ids, lengths > threshold, short, long, threshold, prefix,
+                             args, kwargs)  # fmt: skip
+        init = _init_function(self, rope_type)
+        extra = {} if layer_type is None else {"layer_type": layer_type}
+        ntk, _ = init(self.config, x.device, seq_len=lengths[:, None], **extra)
+        rows = torch.where((lengths > self.original_max_seq_len)[:, None], ntk, short)  # [batch, dim/2]
+        return _dynamic(self, raw, x, position_ids, rows, prefix, broadcasts, args, kwargs)
+
+    forward.__hfpatch_rope__ = True  # type: ignore[attr-defined]
+    return forward
+
+
+def _longrope(
+    module: Any, raw: Callable, x: torch.Tensor, position_ids: torch.Tensor, long_rows: torch.Tensor,
+    short: torch.Tensor, long: torch.Tensor, threshold: int, prefix: str, args: tuple, kwargs: dict,
+) -> Any:  # fmt: skip
+    short_positions = torch.where(long_rows[:, None], 0, position_ids)  # [batch, 1] vs [(3,) batch, new]
+    extra = position_ids.new_full((*position_ids.shape[:-1], 1), threshold)
+    long_positions = torch.cat([position_ids, extra], dim=-1)
+    locked = _lock()
+    try:
+        out_short = _call_with(module, f"{prefix}inv_freq", short, raw, x, short_positions, args, kwargs)
+        out_long = _call_with(module, f"{prefix}inv_freq", long, raw, x, long_positions, args, kwargs)
+    finally:
+        _unlock(locked)
+    return _per_row(long_rows, out_long, out_short)
+
+
+def _dynamic(
+    module: Any, raw: Callable, x: torch.Tensor, position_ids: torch.Tensor, rows: torch.Tensor, prefix: str,
+    broadcasts: bool, args: tuple, kwargs: dict,
+) -> Any:  # fmt: skip
+    name = f"{prefix}inv_freq"
+    locked = _lock()
+    try:
+        if broadcasts:  # one call: [batch, 1, dim/2] frequencies broadcast against each row's positions
+            return _call_with(module, name, rows[:, None, :], raw, x, position_ids, args, kwargs)
+        pieces = [
+            _call_with(module, name, rows[b], raw, x, position_ids[..., b : b + 1, :], args, kwargs)
+            for b in range(rows.shape[0])
+        ]
+    finally:
+        _unlock(locked)
+    if isinstance(pieces[0], (tuple, list)):
+        return type(pieces[0])(torch.cat(parts, dim=-3) for parts in zip(*pieces))
+    return torch.cat(pieces, dim=-3)
+
+
+def _call_with(
+    module: Any, name: str, inv_freq: torch.Tensor, raw: Callable, x: torch.Tensor, positions: torch.Tensor,
+    args: tuple, kwargs: dict,
+) -> Any:  # fmt: skip
+    """``raw`` with the module's frequencies ``name`` set to ``inv_freq`` for the call, then put back."""
+    saved = getattr(module, name)
+    setattr(module, name, inv_freq + 0)  # a fresh tensor: dynamo will not rebind a buffer to another
+    try:
+        return raw(module, x, positions, *args, **kwargs)
+    finally:
+        setattr(module, name, saved)
+
+
+def _lock() -> bool:
+    """Take the lock around a swap of a module's frequencies, in eager mode (a lock cannot be traced;
+    compiled code is called from one thread at a time per graph)."""
+    if torch.compiler.is_compiling():
+        return False
+    _LOCK.acquire()
+    return True
+
+
+def _unlock(locked: bool) -> None:
+    if locked:
+        _LOCK.release()
+
+
+def _per_row(rows: torch.Tensor, when_true: Any, when_false: Any) -> Any:
+    """Per row, ``when_true`` (trimmed to ``when_false``'s length) where ``rows``, else ``when_false``."""
+    if isinstance(when_true, (tuple, list)):
+        return type(when_true)(_per_row(rows, a, b) for a, b in zip(when_true, when_false))
+    when_true = when_true[..., : when_false.shape[-2], :]
+    shape = [1] * when_false.dim()
+    shape[when_false.dim() - 3] = rows.shape[0]  # [..., batch, new, dim]
+    return torch.where(rows.view(shape), when_true, when_false)
+
+
+def _row_lengths(position_ids: torch.Tensor) -> torch.Tensor:
+    """Each row's largest position + 1, ``[batch]``, from ``[batch, new]`` or ``[sections, batch, new]``."""
+    positions = position_ids
+    while positions.dim() > 2:
+        positions = positions.amax(0)
+    return positions.amax(-1) + 1
+
+
+def _longrope_threshold(module: Any, layer_type: Optional[str]) -> int:
+    """The original context, read where the release reads it (5.x ``rope_parameters``, 4.x config)."""
+    config = module.config
+    params = getattr(config, "rope_parameters", None)
+    if isinstance(params, dict):
+        params = params.get(layer_type, params) if layer_type is not None else params
+        if params.get("original_max_position_embeddings") is not None:
+            return int(params["original_max_position_embeddings"])
+    value = getattr(config, "original_max_position_embeddings", None)
+    return int(value) if value else int(config.max_position_embeddings)
+
+
+def _init_function(module: Any, rope_type: str) -> Callable:
+    function = getattr(module, "rope_init_fn", None)  # 4.51-4.57
+    if function is None:
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        function = ROPE_INIT_FUNCTIONS[rope_type]
+    return function
+
+
+def _long_inv_freq(
+    module: Any, rope_type: str, threshold: int, layer_type: Optional[str], device: Any
+) -> Any:
+    """longrope's long factors (kept on the module once computed, in eager mode)."""
+    name = "_hfpatch_long_inv_freq" + ("" if layer_type is None else f"_{layer_type}")
+    cached = module.__dict__.get(name)
+    if cached is None:
+        extra = {} if layer_type is None else {"layer_type": layer_type}
+        cached, _ = _init_function(module, rope_type)(module.config, device, seq_len=threshold + 1, **extra)
+        if not torch.compiler.is_compiling():
+            module.__dict__[name] = cached
+    return cached.to(device)
+
+
+def _decorator_code() -> Any:
+    try:
+        from transformers import modeling_rope_utils
+    except ImportError:
+        return None
+    decorator = getattr(modeling_rope_utils, "dynamic_rope_update", None)
+    return None if decorator is None else decorator(lambda self, x, position_ids: None).__code__
+
+
+def _undecorated(function: Any, code: Any) -> Optional[Callable]:
+    """The rotary forward under ``dynamic_rope_update``'s wrapper, if ``function`` is (or wraps) one."""
+    for _ in range(8):
+        if function is None or code is None:
+            return None
+        if getattr(function, "__code__", None) is code:
+            return function.__wrapped__
+        function = getattr(function, "__wrapped__", None)
+    return None
+
+
+@functools.cache
+def _broadcasts(raw: Callable) -> bool:
+    """The body multiplies ``position_ids[..., None]`` by the frequencies (5.19+): a ``[batch, 1, dim/2]``
+    attribute gives per-row frequencies in one call. Earlier bodies expand them to the batch."""
+    try:
+        source = inspect.getsource(raw)
+    except (OSError, TypeError):
+        return False
+    return "position_ids[..., None]" in source and "[None, :, None]" not in source
+
+
+def _ntk_takes_tensors() -> bool:
+    """The release's NTK function takes a tensor length (4.56+; before, it branches on it in Python)."""
+    if "known" not in _TENSOR_NTK:
+        from transformers import modeling_rope_utils
+
+        source = inspect.getsource(modeling_rope_utils._compute_dynamic_ntk_parameters)
+        _TENSOR_NTK["known"] = "torch.maximum" in source
+    return _TENSOR_NTK["known"]
