@@ -37,6 +37,17 @@ settings.register_profile("matrix", parent=settings.get_profile("default"), max_
 settings.load_profile("default")
 
 TF = installed_transformers()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--outside-ranges",
+        action="store_true",
+        help="probe every covered model type the release ships, in its declared range or not, as if it were "
+        "(compat/probe_matrix.sh: the evidence that sets the ranges)",
+    )
+
+
 REGISTRY = hfpatch.registry()
 MULTIPLE_CHOICE = {"gpt2": "GPT2DoubleHeadsModel"}  # [batch, choices, tokens] inputs, left to stock
 
