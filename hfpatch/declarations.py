@@ -41,6 +41,8 @@ class Adapter(NamedTuple):
         since: the first release of the tested range, which runs through :data:`NEWEST_TESTED`.
         package: the ``transformers.models`` package, when it is not ``arch`` with ``_`` for ``-``.
         aliases: other model types whose models run this very class (``exaone`` runs ``LlamaModel``).
+        alias_since: (alias, release): an alias verified from a later release than the class (a
+            multimodal wrapper whose tiny config builds only there); ``status()`` says so before it.
         limits: what positions cannot fix inside "applied" (Llama 4's NoPE layers ...), shown by
             ``verify``.
         eager_mask: (releases, attribute): on these releases the model's SDPA mask code mishandles a
@@ -57,6 +59,7 @@ class Adapter(NamedTuple):
     since: str
     package: Optional[str] = None
     aliases: tuple[str, ...] = ()
+    alias_since: tuple[tuple[str, str], ...] = ()
     limits: tuple[str, ...] = ()
     eager_mask: Optional[tuple[str, str]] = None
     known_bad: tuple[tuple[str, str], ...] = ()

@@ -25,7 +25,7 @@ from typing import Any, Callable, NamedTuple, Optional, Union
 
 from .declarations import Adapter, Undeclared
 from .plans import read_plan
-from .support import NEWEST_TESTED, UNTESTED_NEWER, installed_transformers, support
+from .support import NEWEST_TESTED, OUTSIDE, UNTESTED_NEWER, in_range, installed_transformers, support
 
 __all__ = [
     "THREADS",
@@ -343,9 +343,16 @@ def status() -> Status:
         for name, adapter in _registry.items():
             entry = _adapter_status(name, adapter, version)
             entries.append(entry)
+            since = dict(adapter.alias_since)
             for alias in adapter.aliases:
                 reason = f"runs {adapter.cls}, patched by the {name!r} adapter; {entry.reason}"
-                entries.append(entry._replace(arch=alias, reason=reason))
+                alias_entry = entry._replace(arch=alias, reason=reason)
+                if alias in since and version is not None and not in_range(f">={since[alias]}", version):
+                    reason += (
+                        f"; {alias} itself is verified from {since[alias]} only (its tiny model builds there)"
+                    )
+                    alias_entry = alias_entry._replace(reason=reason, support=OUTSIDE)
+                entries.append(alias_entry)
         entries += [AdapterStatus(u.arch, "", "", u.verdict, u.reason, "") for u in _undeclared.values()]
         return Status(str(version) if version else None, tuple(entries), "; ".join(_applied_by))
 
