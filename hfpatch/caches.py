@@ -26,13 +26,16 @@ __all__ = [
     "count_written",
     "counted_fill_level",
     "exact_fill_level",
+    "keep_whole_window",
     "one_buffer_for_all_layers",
     "past_length",
     "recount",
+    "remember_requested_lengths",
 ]
 
 COUNTER = "_hfpatch_written"  # on a 4.38-5.3 static cache: one past the last slot hfpatch saw written
 CAPACITY = "_hfpatch_capacity"  # on a cache object: its number of slots, or 0 for a cache that grows
+REQUESTED = "_hfpatch_requested"  # on a static sliding-window layer: the cache's length it was asked for
 
 
 def past_length(cache: Any) -> int:
@@ -66,7 +69,7 @@ def _read_capacity(cache: Any) -> int:
             return 0  # growing layers (DynamicCache, whose layers may be added later)
         size = 0
         for layer in layers:  # a plain loop: dynamo cannot trace max() over a generator
-            layer_size = getattr(layer, "max_cache_len", None)
+            layer_size = getattr(layer, REQUESTED, getattr(layer, "max_cache_len", None))
             size = layer_size if isinstance(layer_size, int) and layer_size > size else size
     else:
         size = getattr(cache, "max_cache_len", None)  # StaticCache 4.38-4.53
@@ -130,6 +133,56 @@ def _reset_and_clear(self: Any) -> Any:
 
 
 _reset_and_clear.__name__ = "reset"  # what the instance attribute is called (pickling looks it up)
+
+
+def keep_whole_window(cache: Any) -> bool:
+    """Swap a cache's sliding (and chunked) layers for full ones while they have dropped nothing, so
+    that every key inside a window by position stays (see :mod:`hfpatch.windows`). Python checks of
+    object types only. False for a cache whose sliding layers this does not handle (4.45-4.53's
+    ``SlidingWindowCache``, ``HybridCache``...); a layer that has already dropped keys stays as it is."""
+    from transformers import cache_utils
+
+    layers = getattr(cache, "layers", None)
+    if layers is None:  # 4.53 and older: a growing or static cache keeps every column
+        return isinstance(cache, (tuple, list)) or type(cache).__name__ in ("DynamicCache", "StaticCache")
+    dynamic = getattr(cache_utils, "DynamicSlidingWindowLayer", None)
+    static = getattr(cache_utils, "StaticSlidingWindowLayer", None)
+    for i, layer in enumerate(layers):
+        if dynamic is not None and type(layer) is dynamic and layer.cumulative_length < layer.sliding_window:
+            whole = cache_utils.DynamicLayer()
+            whole.__dict__.update((k, v) for k, v in vars(layer).items() if k in vars(whole) or k in _SETUP)
+            layers[i] = whole
+        elif static is not None and isinstance(layer, static) and not layer.is_initialized:
+            requested = getattr(layer, REQUESTED, layer.max_cache_len)
+            if requested > layer.max_cache_len:
+                layers[i] = cache_utils.StaticLayer(max_cache_len=requested)
+    return True
+
+
+_SETUP = ("dtype", "device")  # what a layer's lazy initialization sets besides keys and values
+
+
+def remember_requested_lengths(install: bool) -> None:
+    """While hfpatch is applied, a ``StaticSlidingWindowLayer`` (4.54+) records the cache length it was
+    asked for (it keeps only ``min(window, length)`` slots and forgets it): the cache's capacity, and
+    the full layer :func:`keep_whole_window` puts in its place."""
+    from transformers import cache_utils
+
+    layer = getattr(cache_utils, "StaticSlidingWindowLayer", None)
+    if layer is None:
+        return
+    init = layer.__dict__["__init__"]
+    if install and not getattr(init, "__hfpatch_records__", False):
+
+        def __init__(self: Any, max_cache_len: int, *args: Any, **kwargs: Any) -> None:
+            init(self, max_cache_len, *args, **kwargs)
+            setattr(self, REQUESTED, max_cache_len)
+
+        __init__.__hfpatch_records__ = True  # type: ignore[attr-defined]
+        __init__.__wrapped__ = init  # type: ignore[attr-defined]
+        type.__setattr__(layer, "__init__", __init__)
+    elif not install and getattr(init, "__hfpatch_records__", False):
+        type.__setattr__(layer, "__init__", init.__wrapped__)
 
 
 def one_buffer_for_all_layers(cache: Any) -> bool:

@@ -438,11 +438,13 @@ def _install(adapter: Adapter, state: _State, module: Any) -> None:
         state.pinned = False
         state.holders.clear()
         return
+    from .caches import remember_requested_lengths
     from .forward import make_forward  # imports torch: only now, when transformers has loaded it anyway
 
     state.owner, state.original, state.patch = owner, original, make_forward(adapter, original, plan, state)
     state.skip_reason = None
     _install_rotary(module, adapter.arch)
+    remember_requested_lengths(True)
     if plan.eager_mask_attr is not None:
         name = plan.eager_mask_attr
         state.switch = (name, owner.__dict__.get(name))
@@ -465,6 +467,10 @@ def _uninstall(state: _State) -> None:
             else:
                 type.__setattr__(state.owner, name, before)
         state.owner = state.original = state.patch = state.switch = None
+        if all(other.patch is None for other in _states.values()):
+            from .caches import remember_requested_lengths
+
+            remember_requested_lengths(False)
 
 
 def _install_rotary(module: Any, arch: str) -> None:

@@ -38,10 +38,14 @@ from . import caches
 from .engine import THREADS
 from .plans import CACHE_NAMES, NO_SLOTS, SLOTS, SLOTS_REMOVED, Plan
 from .positions import cache_positions, new_token_positions
+from .windows import apply_windows
 
 __all__ = ["make_forward", "patched_here"]
 
 Past = Union[int, torch.Tensor]  # cached tokens before this call: an int, or a 0-d tensor (static caches)
+# what a filler derived positions from: (the 2-D mask, new tokens, where they start: an int or 0-d tensor,
+# or their slots), for the window masks; None where it derived none
+Derived = Optional[tuple[torch.Tensor, int, Union[int, torch.Tensor]]]
 
 
 def make_forward(adapter: Any, original: Callable, plan: Plan, switch: Any) -> Callable:
@@ -49,7 +53,13 @@ def make_forward(adapter: Any, original: Callable, plan: Plan, switch: Any) -> C
 
     ``switch.pinned``: whether ``apply()`` holds the patch process-wide; in eager mode a thread's own
     ``patched()`` / ``unpatched()`` blocks decide for that thread (:data:`hfpatch.engine.THREADS`)."""
-    arch, fill, cache_kw, eager_mask = adapter.arch, FILLERS[plan.era], plan.cache_kw, plan.eager_mask_attr
+    arch, fill, cache_kw, eager_mask, window = (
+        adapter.arch,
+        FILLERS[plan.era],
+        plan.cache_kw,
+        plan.eager_mask_attr,
+        plan.window,
+    )
 
     @functools.wraps(original)  # keeps __wrapped__, so inspect.signature shows the original parameters
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -61,7 +71,9 @@ def make_forward(adapter: Any, original: Callable, plan: Plan, switch: Any) -> C
         if eager_mask is not None and not torch.compiler.is_compiling() and _continues_a_prefix(kwargs):
             fill(self, plan, kwargs, cache)
             return _with_eager_mask(original, self, kwargs)
-        fill(self, plan, kwargs, cache)
+        derived = fill(self, plan, kwargs, cache)
+        if derived is not None and window is not None:
+            apply_windows(self, window, cache_kw, kwargs, cache, *derived)
         return original(self, **kwargs)
 
     forward.__hfpatch_adapter__ = arch  # type: ignore[attr-defined]
@@ -125,18 +137,19 @@ def _take_cache(plan: Plan, kwargs: dict) -> Any:
 # --- the fillers: one per era, chosen by the plan ---------------------------------------------------
 
 
-def fill_positions(model: Any, plan: Plan, kwargs: dict, cache: Any) -> None:
+def fill_positions(model: Any, plan: Plan, kwargs: dict, cache: Any) -> Derived:
     """Releases without ``cache_position`` (and the growing caches of every release): positions only."""
     mask = _mask_to_read(kwargs)
     tokens = _inputs(kwargs) if mask is not None else None
     if tokens is None:
-        return
+        return None
     num_new, mask_len = tokens.shape[1], _checked_length(mask, tokens)
     past = _past(cache, num_new, mask_len, strict=True)
     kwargs["position_ids"] = new_token_positions(mask, num_new, _where_new(num_new, past, mask_len))
+    return mask, num_new, past
 
 
-def fill_slots(model: Any, plan: Plan, kwargs: dict, cache: Any) -> None:
+def fill_slots(model: Any, plan: Plan, kwargs: dict, cache: Any) -> Derived:
     """4.38-5.3, where ``cache_position`` is a parameter: positions, and with a static cache the slots
     the caller left out (kept exact by hfpatch's count of the slots written)."""
     static = cache
@@ -145,22 +158,22 @@ def fill_slots(model: Any, plan: Plan, kwargs: dict, cache: Any) -> None:
     given = kwargs.get("cache_position")
     if given is not None and kwargs.get("position_ids") is not None:
         caches.recount(static, given)  # nothing to derive; a count hfpatch keeps stays current
-        return
+        return None
     size = caches.capacity(static)
     if size is None:  # a growing cache (or none): transformers' own slots are right
-        fill_positions(model, plan, kwargs, cache)
-        return
+        return fill_positions(model, plan, kwargs, cache)
     tokens = _inputs(kwargs)
     if tokens is None:
-        return
+        return None
     num_new, mask = tokens.shape[1], _mask_to_read(kwargs)
     if mask is not None:
         _checked_length(mask, tokens)
     if given is not None:  # the caller's slots, forwarded unchanged
         caches.count_written(static, given.reshape(-1)[-1] + 1, tokens.device)
-        if mask is not None:
-            kwargs["position_ids"] = new_token_positions(mask, num_new, given)
-        return
+        if mask is None:
+            return None
+        kwargs["position_ids"] = new_token_positions(mask, num_new, given)
+        return mask, num_new, given.reshape(-1)
     if cache is not None and caches.one_buffer_for_all_layers(cache):
         raise ValueError(
             f"{plan.cache_kw}: transformers < 4.41 cannot run a StaticCache passed as the cache argument "
@@ -173,19 +186,20 @@ def fill_slots(model: Any, plan: Plan, kwargs: dict, cache: Any) -> None:
     kwargs["cache_position"] = cache_positions(num_new, past, tokens.device)
     if mask is not None:
         kwargs["position_ids"] = new_token_positions(mask, num_new, _where_new(num_new, past, mask_len))
+    derived = (mask, num_new, kwargs["cache_position"]) if mask is not None else None
     caches.count_written(static, past + num_new, tokens.device)  # last: ``past`` may be the count itself
+    return derived
 
 
-def fill_removed_slots(model: Any, plan: Plan, kwargs: dict, cache: Any) -> None:
+def fill_removed_slots(model: Any, plan: Plan, kwargs: dict, cache: Any) -> Derived:
     """5.4+, where ``cache_position`` is gone (``**kwargs`` would swallow it): positions, and a passed
     ``cache_position`` checked and used to locate the new tokens instead of ignored."""
     given = kwargs.pop("cache_position", None)
     if given is None:
-        fill_positions(model, plan, kwargs, cache)
-        return
+        return fill_positions(model, plan, kwargs, cache)
     tokens = _inputs(kwargs)
     if tokens is None:
-        return
+        return None
     num_new, mask = tokens.shape[1], _mask_to_read(kwargs)
     if mask is not None:
         _checked_length(mask, tokens)
@@ -194,11 +208,13 @@ def fill_removed_slots(model: Any, plan: Plan, kwargs: dict, cache: Any) -> None
         _check_given_slots(given, cache_positions(num_new, past))
     if mask is not None:
         kwargs["position_ids"] = new_token_positions(mask, num_new, given)
-    elif kwargs.get("position_ids") is None and kwargs.get("attention_mask") is None:
+        return mask, num_new, given.reshape(-1)
+    if kwargs.get("position_ids") is None and kwargs.get("attention_mask") is None:
         kwargs["position_ids"] = given.reshape(1, -1)
+    return None
 
 
-FILLERS: dict[str, Callable[[Any, Plan, dict, Any], None]] = {
+FILLERS: dict[str, Callable[[Any, Plan, dict, Any], Derived]] = {
     NO_SLOTS: fill_positions,
     SLOTS: fill_slots,
     SLOTS_REMOVED: fill_removed_slots,

@@ -37,6 +37,7 @@ class Plan(NamedTuple):
     old_cache_kw: Optional[str] = None  # an old name the release still takes, with its own warning (5.24+)
     attached_cache: Optional[str] = None  # where 4.38-4.40 ``_setup_cache`` keeps a static cache
     eager_mask_attr: Optional[str] = None  # see ``Adapter.eager_mask``: only where its releases match
+    window: Any = None  # a ``hfpatch.windows.WindowPlan`` where the class's own masks apply a window
 
 
 def attaches_static_caches(model: Any) -> bool:
@@ -71,6 +72,8 @@ def read_plan(adapter: Any, forward: Callable, owner: Optional[type] = None) -> 
     in_era = eager_mask is not None and version is not None and in_range(eager_mask[0], version)
     cache_kw = next((name for name in CACHE_NAMES if name in names), None)
     attached = adapter.family.attached_cache if era == SLOTS and attaches_static_caches(owner) else None
+    from .windows import window_plan  # imports torch: only here, at install
+
     return Plan(
         positional=tuple(p.name for p in params[1:] if p.kind in positional_kinds),
         cache_kw=cache_kw,
@@ -78,6 +81,7 @@ def read_plan(adapter: Any, forward: Callable, owner: Optional[type] = None) -> 
         old_cache_kw=_renamed_from(forward, cache_kw),
         attached_cache=attached,
         eager_mask_attr=eager_mask[1] if in_era else None,
+        window=window_plan(owner) if owner is not None else None,
     )
 
 

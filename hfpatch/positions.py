@@ -25,6 +25,7 @@ __all__ = [
     "new_token_positions",
     "positions_from_mask",
     "static_fill_level",
+    "window_mask",
 ]
 
 
@@ -106,6 +107,49 @@ def cache_positions(
     if isinstance(past, torch.Tensor):
         return torch.arange(num_new, device=past.device) + past.reshape(())
     return torch.arange(num_new, device=device) + past
+
+
+def window_mask(
+    attention_mask: torch.Tensor,
+    query_slots: torch.Tensor,
+    key_slots: torch.Tensor,
+    window: Optional[int] = None,
+    chunk: Optional[int] = None,
+) -> torch.Tensor:
+    """Which cache slots each new token attends to, with a sliding window or an attention chunk decided by
+    positions (not by slots, which count the holes of a padded cached prefix).
+
+    A key is attended to when it is real, not after the query, and (``window``) less than ``window``
+    positions before it, or (``chunk``) in the same chunk of ``chunk`` positions. A pad query sees its
+    own slot (so that no row of the mask is empty; its output is never read).
+
+    Args:
+        attention_mask: ``[batch, length]``, 1 for real tokens, spanning every slot below.
+        query_slots: ``[new]`` int64, the new tokens' slots.
+        key_slots: ``[keys]`` int64, the slots of the keys the layer attends to.
+
+    Returns:
+        ``[batch, 1, new, keys]`` bool.
+
+    Example:
+        A right-padded prefix ``[a b <pad> <pad>]`` continued by ``c``, window 2: ``c`` sees ``b`` and itself.
+
+        >>> window_mask(torch.tensor([[1, 1, 0, 0, 1]]), torch.tensor([4]), torch.arange(5), window=2).int()
+        tensor([[[[0, 1, 0, 0, 1]]]], dtype=torch.int32)
+    """
+    real = attention_mask != 0
+    position = real.cumsum(-1).sub_(1).clamp_(min=0)
+    key_position, query_position = position.index_select(1, key_slots), position.index_select(1, query_slots)
+    allowed = real.index_select(1, key_slots)[:, None, :] & (key_slots[None, :] <= query_slots[:, None])[None]
+    if window is not None:
+        allowed = allowed & ((query_position[:, :, None] - key_position[:, None, :]) < window)
+    if chunk is not None:
+        same = (
+            query_position.div(chunk, rounding_mode="floor")[:, :, None]
+            == key_position.div(chunk, rounding_mode="floor")[:, None, :]
+        )
+        allowed = allowed & same
+    return (allowed | (key_slots[None, :] == query_slots[:, None])[None])[:, None]
 
 
 def static_fill_level(keys: torch.Tensor) -> torch.Tensor:

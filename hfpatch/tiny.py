@@ -2,7 +2,8 @@
 what ``python -m hfpatch`` (the doctor) and ``hfpatch.verify("qwen2")`` run on.
 
 Every config field of the names in :data:`SIZES` that the config class has is shrunk (2 layers, hidden
-64, 4 heads, 2 KV heads, vocab 97, pad id 0), sub-configs (text, vision, audio) alike; :data:`OVERRIDES`
+64, 4 heads, 2 KV heads, vocab 97, pad id 0, sliding windows and attention chunks of 4 tokens),
+sub-configs (text, vision, audio) alike; :data:`OVERRIDES`
 adds what a few model types need on top to build, or to have every kind of layer.
 """
 
@@ -31,6 +32,7 @@ SIZES = {
     "head_dim": 16,
     "intermediate_size": 128,
     "max_position_embeddings": 128, "n_positions": 128, "n_ctx": 128,
+    "sliding_window": 4, "attention_chunk_size": 4,  # shorter than the scenarios: windows are probed
     "initializer_range": INIT,
     "pad_token_id": PAD, "bos_token_id": 1, "eos_token_id": 2,
     "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4,
@@ -45,6 +47,9 @@ _SUB_CONFIGS = ("text_config", "vision_config", "audio_config")
 # checkpoint's config.json sets it; a config built from defaults does not)
 _PAD_ID = {"pad_token_id": PAD}
 _GEMMA4 = {"global_head_dim": 32, "vocab_size_per_layer_input": VOCAB, "hidden_size_per_layer_input": 16}
+# models whose windows hfpatch leaves to transformers (a declared limit, ``Adapter.limits``): a window
+# longer than every scenario, so that the probe measures what positions fix
+_WIDE = {"sliding_window": 64}
 
 # per model type (an adapter's own; its aliases that wrap its text model get them in their text config)
 # fmt: off
@@ -59,12 +64,13 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "ffn_config": {"ffn_hidden_size": 128, "moe_num_experts": 4, "moe_top_k": 2},
     },
     "deepseek_v2": {"num_experts_per_tok": 2, "head_dim": 8},
+    "deepseek_v4": _WIDE,
     "deepseek_v3": {"head_dim": 8},
     "dory": {"n_input_layers": 1, "n_output_layers": 1, "n_recurrent_layers": None},
     "dots1": {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1},
     "dots3_note_text": {
         "layer_types": ["indexed_attention", "sliding_attention"], "index_n_heads": 2, "index_head_dim": 16,
-        "per_layer_config": {},
+        "per_layer_config": {}, **_WIDE,
         "vision_config": {"per_layer_config": None, "adapter_in_dim": 64, "adapter_out_dim": 64},
         "audio_config": {"adapter_input_size": 64, "adapter_out_dim": 64},
     },
@@ -76,9 +82,9 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "laurel_rank": 8,
     },
     "gemma4_text": _GEMMA4,
-    "gemma4": _GEMMA4,
+    "gemma4": {**_GEMMA4, **_WIDE},
     "gemma4_unified_text": {"global_head_dim": 32},
-    "gemma4_unified": {"global_head_dim": 32},
+    "gemma4_unified": {"global_head_dim": 32, **_WIDE},
     "gpt_neo": {"attention_types": [[["global", "local"], 1]]},
     "gptj": {"rotary_dim": 8},
     "hunyuan_v1_dense": {"head_dim": 16},
@@ -86,6 +92,7 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "jetmoe": _PAD_ID,
     "longcat_flash": {"head_dim": 8, "expert_ffn_hidden_size": 32, "zero_expert_num": 2},
     "minimax_m3_vl_text": {"layer_types": ["full_attention", "minimax_m3_sparse"]},
+    "moshi": _WIDE,
     "ministral": {"head_dim": 16},
     "nemotron": {"num_key_value_heads": 2},
     "phi": _PAD_ID,

@@ -23,6 +23,7 @@ from .positions import new_token_positions
 from .rope import per_row_scaling, scaled_rope
 from .support import installed_transformers
 from .tiny import PAD, VOCAB, tiny_model
+from .windows import positional, smallest_window
 
 __all__ = [
     "SCENARIOS",
@@ -42,6 +43,7 @@ TOLERANCE = 1e-5  # fp32, max |difference| at any real token: exact (the one tol
 WRONG = 1e-3  # a difference above this is a wrong result, not float noise (between the two: noise)
 STATIC_SLOTS = 16
 MAX_ROPE_PROBE = 1024  # longest original context the rope scenario probes (a row past it, in one call)
+MAX_WINDOW_PROBE = 1024  # longest window the window scenario probes (a right-padded prefix past it)
 _V4_56 = Version("4.56")  # from_pretrained's torch_dtype became dtype
 
 
@@ -163,7 +165,7 @@ def verify(model: Union[str, os.PathLike, Any], static: bool = True) -> Verifica
     if entry is not None and entry.reason and entry.state != engine.APPLIED:
         notes.append(entry.reason)
     patches = adapter is not None and entry is not None and entry.support in ("tested", "untested newer")
-    probes = _probes(model, static and adapter is not None)
+    probes = _probes(model, adapter, static and adapter is not None)
     rows = tuple(_run_scenario(model, adapter if patches else None, *probe) for probe in probes)
     if len(probes) < len(SCENARIOS):
         notes.append("the model returns no KV cache to continue from: the cached scenarios are not probed")
@@ -254,14 +256,14 @@ def _adapter_of_class(model: Any) -> Optional[Adapter]:
 
 
 def _limits(model: Any, adapter: Optional[Adapter]) -> list[str]:
-    config = getattr(model.config, "text_config", None) or model.config
     notes = list(adapter.limits) if adapter is not None else []
-    window = getattr(config, "sliding_window", None) or getattr(config, "attention_chunk_size", None)
-    if window:
-        notes.append(
-            f"sliding window / chunked attention ({window} tokens): the window counts cache columns, so a "
-            "hole from a padded cached prefix inside the window stays wrong (not probed here)"
-        )
+    window = smallest_window(model)
+    if window and (adapter is None or not positional(model, adapter.cls)):
+        if not any("sliding window" in note for note in notes):
+            text = f"sliding window / chunked attention ({window} tokens), decided by cache column here"
+            notes.append(f"{text}: a hole from a padded cached prefix inside the window stays wrong")
+    elif window and window > MAX_WINDOW_PROBE:
+        notes.append(f"sliding window / chunked attention ({window} tokens): not probed here")
     scaled = scaled_rope(model)
     if scaled is not None:
         kind, threshold = scaled
@@ -277,7 +279,7 @@ def _limits(model: Any, adapter: Optional[Adapter]) -> list[str]:
 
 
 def _probes(
-    model: Any, static: bool
+    model: Any, adapter: Optional[Adapter], static: bool
 ) -> list[tuple[str, Scenario, Optional[Callable[[], Any]], Optional[int]]]:
     """(name, scenario, cache factory, mask width) for each scenario this model can run."""
     name = cache_name(model) if _returns_a_cache(model) else None
@@ -286,6 +288,12 @@ def _probes(
         variable = SCENARIOS[2]
         factory = lambda: new_static_cache(model, len(variable.lengths), STATIC_SLOTS)  # noqa: E731
         probes.append((f"{variable.name}, StaticCache", variable, factory, STATIC_SLOTS))
+    window = smallest_window(model) if adapter is not None and positional(model, adapter.cls) else None
+    if name is not None and window is not None and window <= MAX_WINDOW_PROBE:  # holes inside a window
+        lengths = (window + 6, window + 3)
+        beyond = Scenario(f"right-padded prefix past the window ({window}) + 2", lengths,
+                          ((window + 4, window + 1), (2, 2)), ((False, False), (True, False)))  # fmt: skip
+        probes.append((beyond.name, beyond, None, None))
     scaled = scaled_rope(model)
     if scaled is not None and scaled[1] <= MAX_ROPE_PROBE:  # a short row batched with one past the context
         kind, threshold = scaled

@@ -26,6 +26,10 @@ MASK_437 = (
     "release's own mask for such calls; eager too): use 4.39+"
 )
 NOT_VERIFIED = "not verified: hfpatch's tiny {} model {} on these releases, so the patch is left off"
+COLUMN_WINDOW = (
+    "sliding window: {} decides it by cache column, so a hole from a padded cached prefix inside the "
+    "window stays wrong (hfpatch makes the window positional for full, sliding and chunked layers only)"
+)
 RECURRENT_STATE = (
     "keeps a recurrent state inside the model and returns no KV cache: a padded batch in one call is "
     "fixed (its recurrence restarts where position_ids are 0); a padded prefix continued later is not"
@@ -56,12 +60,12 @@ ADAPTERS = register_all(
     Adapter("deepseek_v2", "DeepseekV2Model", ROTARY, "4.54"),
     Adapter("deepseek_v3", "DeepseekV3Model", ROTARY, "4.51", aliases=("sarvam_mla",)),
     Adapter("deepseek_v32", "DeepseekV32Model", ROTARY, "5.11"),
-    Adapter("deepseek_v4", "DeepseekV4Model", ROTARY, "5.8"),
+    Adapter("deepseek_v4", "DeepseekV4Model", ROTARY, "5.8", limits=(COLUMN_WINDOW.format("its compressed / indexed attention"),)),
     Adapter("diffllama", "DiffLlamaModel", ROTARY, "4.48"),
     Adapter("doge", "DogeModel", ROTARY, "5.18"),
     Adapter("dory", "DoryModel", ROTARY, "5.24"),
     Adapter("dots1", "Dots1Model", ROTARY, "4.53"),
-    Adapter("dots3_note_text", "Dots3NoteTextModel", ROTARY, "5.23", package="dots3_note", aliases=("dots3_note",)),
+    Adapter("dots3_note_text", "Dots3NoteTextModel", ROTARY, "5.23", package="dots3_note", aliases=("dots3_note",), limits=(COLUMN_WINDOW.format("its indexed attention"),)),
     Adapter("emu3", "Emu3TextModel", ROTARY, "5.8"),
     Adapter("ernie4_5", "Ernie4_5Model", ROTARY, "4.54"),
     Adapter("ernie4_5_moe", "Ernie4_5_MoeModel", ROTARY, "4.54"),
@@ -76,9 +80,9 @@ ADAPTERS = register_all(
     Adapter("gemma3", "Gemma3Model", ROTARY, "4.53"),  # multimodal: builds a dict of masks for the text model
     Adapter("gemma3n_text", "Gemma3nTextModel", ROTARY, "4.56", package="gemma3n"),
     Adapter("gemma4_text", "Gemma4TextModel", ROTARY, "5.5", package="gemma4"),
-    Adapter("gemma4", "Gemma4Model", ROTARY, "5.5"),  # multimodal: counts positions itself
+    Adapter("gemma4", "Gemma4Model", ROTARY, "5.5", limits=(COLUMN_WINDOW.format("the multimodal model's text model"),)),  # multimodal: counts positions itself
     Adapter("gemma4_unified_text", "Gemma4UnifiedTextModel", ROTARY, "5.10", package="gemma4_unified"),
-    Adapter("gemma4_unified", "Gemma4UnifiedModel", ROTARY, "5.10"),
+    Adapter("gemma4_unified", "Gemma4UnifiedModel", ROTARY, "5.10", limits=(COLUMN_WINDOW.format("the multimodal model's text model"),)),
     Adapter("glm", "GlmModel", ROTARY, "4.46"),
     Adapter("glm4", "Glm4Model", ROTARY, "4.51"),
     Adapter("glm4_moe", "Glm4MoeModel", ROTARY, "4.54", aliases=("sarvam_moe",)),
@@ -119,7 +123,7 @@ ADAPTERS = register_all(
     Adapter("mixtral", "MixtralModel", ROTARY, "4.36", known_bad=((">=4.37,<4.39", MASK_437),)),
     Adapter("mllama", "MllamaTextModel", ROTARY, "5.0"),
     Adapter("modernbert-decoder", "ModernBertDecoderModel", ROTARY, "4.54"),
-    Adapter("moshi", "MoshiModel", ROTARY, "5.18"),
+    Adapter("moshi", "MoshiModel", ROTARY, "5.18", limits=(COLUMN_WINDOW.format("Moshi's attention"),)),
     Adapter("nanochat", "NanoChatModel", ROTARY, "5.0"),
     Adapter("nemotron", "NemotronModel", ROTARY, "4.47"),
     Adapter("olmo", "OlmoModel", ROTARY, "4.40"),

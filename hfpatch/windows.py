@@ -1,0 +1,192 @@
+"""Sliding windows and chunked attention decided by position, not by cache column.
+
+transformers decides which keys fall inside a sliding window (or an attention chunk) by cache column,
+and its sliding cache layers keep a fixed number of trailing columns. When a padded prefix leaves holes
+in the cache, a later token's window covers fewer real tokens than the same row run alone, and keys
+inside the window by position may already be gone. Positions alone cannot fix either, so for a call
+whose positions hfpatch derives, on a model whose own mask code applies a window (eager or SDPA):
+
+1. the cache keeps every key: sliding or chunked cache layers that have dropped nothing yet are
+   swapped for full ones (the window is then the mask's job; a cache the model would create itself is
+   created here, as it would be, so that its layers can be swapped);
+2. the masks are built here from the 2-D mask, one per layer type, comparing the positions
+   (``cumsum(mask) - 1``) of query and key (:func:`hfpatch.positions.window_mask`), and handed to the
+   model as the ``{layer_type: mask}`` dict its forward takes (4.53+), or as the one 4-D mask of a model
+   with one layer type (Mistral, Mixtral, Starcoder2, Phi-3).
+
+Only shapes, object types and tensor ops in the per-call path. The cost: a full-length cache for the
+sliding layers of such a call (the memory of a model without a window), and a mask per layer type.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, NamedTuple, Optional, Union
+
+import torch
+
+from . import caches
+from .positions import cache_positions, window_mask
+
+__all__ = ["WindowPlan", "apply_windows", "positional", "smallest_window", "window_plan"]
+
+SLIDING, CHUNKED, FULL = "sliding_attention", "chunked_attention", "full_attention"
+KNOWN_TYPES = (FULL, SLIDING, CHUNKED)
+ATTENTION = ("eager", "sdpa")  # flash attention unpads and applies its own window; flex: left to stock
+
+
+class WindowPlan(NamedTuple):
+    """What a class's code says about windows, read once when it is patched."""
+
+    takes_mask_dict: bool  # its forward takes ``{layer_type: mask}`` as ``attention_mask`` (4.53+)
+    sizes_by_slots: bool  # ``cache.get_mask_sizes(cache_position, layer)`` (4.53-4.57), else by query length
+    float_masks: bool  # before masking_utils (< 4.53) every 4-D mask a model takes is additive float
+
+
+def window_plan(owner: type) -> Optional[WindowPlan]:
+    """The plan, or None where the class's own mask code applies no window in eager or SDPA attention
+    (before 4.42, and Qwen2, Mixtral, Starcoder2, Phi-3 before 4.53: only their flash attention does,
+    over unpadded rows, so a windowed mask would make them wrong)."""
+    try:
+        source = inspect.getsource(inspect.unwrap(owner.forward))
+        update = getattr(owner, "_update_causal_mask", None)
+        update_source = inspect.getsource(update) if update is not None else ""
+    except (OSError, TypeError):
+        return None
+    takes_dict = "causal_mask_mapping := attention_mask, dict" in source  # 4.53+: masks per layer type
+    masking_utils = takes_dict or any(
+        name in source for name in ("create_sliding_window_causal_mask", "create_chunked_causal_mask")
+    )
+    if not (masking_utils or "sliding_window" in update_source):
+        return None
+    from transformers import cache_utils
+
+    getter = getattr(cache_utils.Cache, "get_mask_sizes", None)
+    by_slots = getter is not None and "cache_position" in inspect.signature(getter).parameters
+    return WindowPlan(takes_dict, by_slots, not masking_utils)
+
+
+def apply_windows(
+    model: Any, window: WindowPlan, cache_kw: Optional[str], kwargs: dict, cache: Any,
+    mask: torch.Tensor, num_new: int, start: Union[int, torch.Tensor],
+) -> None:  # fmt: skip
+    """After positions are derived: keep the cache whole and replace ``kwargs["attention_mask"]`` (the
+    2-D ``mask``, whose new tokens start at column ``start``: an int, a 0-d tensor, or their slots) with
+    position-window masks, where the model's config has windowed layers this handles."""
+    config = _text_config(model)
+    if getattr(config, "_attn_implementation", None) not in ATTENTION:
+        return
+    types = _layer_types(config)
+    windows = {kind: _window_of(config, kind) for kind in dict.fromkeys(types)}
+    sizes = [size for size in windows.values() if size is not None]
+    if not sizes or not set(windows) <= set(KNOWN_TYPES) or (len(windows) > 1 and not window.takes_mask_dict):
+        return  # no window, a layer type this does not know (linear, hybrid ...): left to stock
+    if cache is None and cache_kw is not None and kwargs.get("use_cache", getattr(config, "use_cache", True)):
+        cache = _new_cache(model.config)
+        if cache is not None:
+            kwargs[cache_kw] = cache
+    if cache is not None and not caches.keep_whole_window(cache):
+        return  # a cache whose sliding layers this cannot keep whole (4.45-4.53 fixed-size ones): stock
+    if mask.shape[1] <= min(window or chunk for window, chunk in sizes):
+        return  # every key is inside every window, by column and by position alike: stock's masks are right
+    slots = (
+        start
+        if isinstance(start, torch.Tensor) and start.dim() == 1
+        else cache_positions(num_new, start, mask.device)
+    )
+    first = {kind: types.index(kind) for kind in windows}
+    masks = {}
+    for kind, size in windows.items():
+        kv_length, kv_offset = _mask_sizes(window, cache, first[kind], slots, mask.shape[1] - num_new)
+        padded = mask
+        if kv_length + kv_offset > mask.shape[1]:  # a static cache's columns past the mask: pads
+            padded = torch.nn.functional.pad(mask, (0, kv_length + kv_offset - mask.shape[1]))
+        keys = torch.arange(kv_length, device=mask.device) + kv_offset
+        allowed = window_mask(padded, slots, keys, *(size or (None, None)))
+        masks[kind] = _as_model_takes(allowed, window, config, model.dtype)
+    kwargs["attention_mask"] = masks if window.takes_mask_dict else masks[types[0]]
+
+
+def positional(model: Any, cls: str) -> bool:
+    """Whether hfpatch decides ``model``'s windows by position: its module of class ``cls`` (the patched
+    one) builds windowed masks hfpatch can replace, for layer types it knows, in eager or SDPA attention."""
+    owner = next((type(m) for m in model.modules() if type(m).__name__ == cls), None)
+    config = _text_config(model)
+    if owner is None or window_plan(owner) is None:
+        return False
+    kinds = set(_layer_types(config))
+    plan = window_plan(owner)
+    return (
+        getattr(config, "_attn_implementation", None) in ATTENTION
+        and kinds <= set(KNOWN_TYPES)
+        and (len(kinds) == 1 or plan.takes_mask_dict)
+    )
+
+
+def smallest_window(model: Any) -> Optional[int]:
+    """The smallest sliding window or attention chunk of a model's layers, or None."""
+    config = _text_config(model)
+    sizes = [size for kind in set(_layer_types(config)) for size in _window_of(config, kind) or () if size]
+    return min(sizes) if sizes else None
+
+
+def _text_config(model: Any) -> Any:
+    get = getattr(model.config, "get_text_config", None)
+    return get(decoder=True) if get is not None else model.config
+
+
+def _layer_types(config: Any) -> list[str]:
+    types = getattr(config, "layer_types", None)
+    count = config.num_hidden_layers
+    if types is None:
+        if getattr(config, "sliding_window", None) is not None:
+            return [SLIDING] * count
+        if getattr(config, "attention_chunk_size", None) is not None:
+            return [CHUNKED] * count
+        return [FULL] * count
+    return list(types[:count])
+
+
+def _window_of(config: Any, kind: str) -> Optional[tuple[Optional[int], Optional[int]]]:
+    """(sliding window, chunk) of a layer type, or None for a full-attention one."""
+    if kind == SLIDING and getattr(config, "sliding_window", None):
+        return config.sliding_window, None
+    if kind == CHUNKED and getattr(config, "attention_chunk_size", None):
+        return None, config.attention_chunk_size
+    return None
+
+
+def _mask_sizes(
+    window: WindowPlan, cache: Any, layer: int, slots: torch.Tensor, past: int
+) -> tuple[int, int]:
+    """The (length, offset) of the keys a layer attends to, as transformers computes them."""
+    num_new = slots.shape[0]
+    layers = getattr(cache, "layers", None)
+    if cache is None or (layers is not None and layer >= len(layers)):  # no cache, or layers made lazily
+        return past + num_new, 0
+    if not hasattr(cache, "get_mask_sizes"):  # 4.42-4.52: a growing cache holds every column
+        size = caches.capacity(cache)
+        return (size, 0) if size is not None else (past + num_new, 0)
+    if window.sizes_by_slots:
+        return cache.get_mask_sizes(slots, layer)
+    return cache.get_mask_sizes(num_new, layer)
+
+
+def _as_model_takes(
+    allowed: torch.Tensor, window: WindowPlan, config: Any, dtype: torch.dtype
+) -> torch.Tensor:
+    """Eager attention adds its mask: the float form; SDPA (4.53+) takes the boolean one."""
+    if window.float_masks or config._attn_implementation == "eager":
+        zero = torch.zeros((), dtype=dtype, device=allowed.device)
+        return torch.where(allowed, zero, torch.finfo(dtype).min)
+    return allowed
+
+
+def _new_cache(config: Any) -> Any:
+    """The cache the model would create itself (``DynamicCache(config=...)``, 4.56+: the releases whose
+    growing cache has sliding layers), or None where the model's own keeps every column anyway."""
+    import transformers
+
+    if "config" not in inspect.signature(transformers.DynamicCache.__init__).parameters:
+        return None
+    return transformers.DynamicCache(config=config)

@@ -1,0 +1,78 @@
+"""Sliding windows and chunked attention decided by position (hfpatch/windows.py): a padded cached
+prefix longer than the window, continued, gives each row its own result, past the window too: the
+issue's case (a right-padded prefix of 148 tokens, 10 of them pads in the shorter row, window 128,
+continued by 1 and by 3 tokens), with the model's own cache and with a StaticCache. The reference is
+each row run alone, unpadded, in one call, on stock transformers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hfpatch.tiny import tiny_config
+
+from conftest import TF, arch_skip_reason, static_cache_skip_reason, stock
+from harness import TOLERANCE, WRONG, max_diff, random_rows, run_padded, static_cache
+
+WINDOW = 128
+# model type: the config fields that give it a window of WINDOW tokens (and its kind of layers)
+WINDOWED = {
+    "mistral": {"sliding_window": WINDOW},
+    "gemma2": {"sliding_window": WINDOW},
+    "gpt_oss": {"sliding_window": WINDOW},
+    "gemma3_text": {"sliding_window": WINDOW},
+    "cohere2": {"sliding_window": WINDOW},
+    "olmo3": {"sliding_window": WINDOW},
+    "exaone4": {"sliding_window": WINDOW},
+    "starcoder2": {"sliding_window": WINDOW},
+    "phi3": {"sliding_window": WINDOW},
+    "granite_swa": {"sliding_window": WINDOW},
+    "llama4_text": {"attention_chunk_size": WINDOW},
+}
+QUICK = ("mistral", "gemma2")
+PARAMS = [pytest.param(t, marks=() if t in QUICK else pytest.mark.slow) for t in WINDOWED]
+CASES = {  # chunks, left: a right-padded prefix of 148 and 138 tokens, then 1 or 3 more tokens a row
+    "prefix past the window + 1": (((148, 138), (1, 1)), ((False, False), (False, False))),
+    "prefix past the window + 3": (((148, 138), (3, 3)), ((False, False), (True, False))),
+}
+
+
+def _model(model_type: str, attention: str):
+    import transformers
+
+    reason = arch_skip_reason(model_type)
+    if reason:
+        pytest.skip(reason)
+    config = tiny_config(model_type)
+    for name, value in WINDOWED[model_type].items():
+        setattr(config, name, value)
+    config.max_position_embeddings = 512
+    config._attn_implementation = attention
+    torch.manual_seed(0)
+    try:
+        return transformers.AutoModelForCausalLM.from_config(config).float().eval()
+    except ValueError as exc:  # no SDPA for this model type on this release
+        pytest.skip(f"{model_type} with {attention} attention in transformers {TF}: {str(exc)[:150]}")
+
+
+@pytest.mark.parametrize("cache", ["model's own", "StaticCache"])
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+@pytest.mark.parametrize("model_type", PARAMS)
+def test_holes_inside_the_window(model_type, attention, cache):
+    model = _model(model_type, attention)
+    if cache == "StaticCache" and static_cache_skip_reason(model):
+        pytest.skip(static_cache_skip_reason(model))
+    stock_errors = []
+    for name, (chunks, left) in CASES.items():
+        rows = random_rows([sum(c[r] for c in chunks) for r in range(2)], seed=len(name))
+        make = (lambda: static_cache(model, 2, 160)) if cache == "StaticCache" else (lambda: None)
+        got = run_padded(model, rows, chunks, left, cache=make())
+        assert max_diff(model, rows, got) <= TOLERANCE, name
+        with stock():
+            try:
+                stock_errors.append(
+                    max_diff(model, rows, run_padded(model, rows, chunks, left, cache=make()))
+                )
+            except Exception:  # noqa: BLE001 - stock cannot run some of these (a full static sliding layer)
+                stock_errors.append(float("inf"))
+    assert max(stock_errors) > WRONG, "stock transformers is right: the window does not act here"
