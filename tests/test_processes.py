@@ -17,22 +17,13 @@ import pytest
 from hfpatch.tiny import FLAGSHIPS
 
 from conftest import REGISTRY, arch_skip_reason
-from harness import SCRIPT_18104, TOLERANCE, WRONG
+from harness import TOLERANCE, WRONG, worker_script
 
 pytestmark = pytest.mark.slow  # processes start Python and torch again: nox -s integrations runs them
 
 ARCH = next(a for a in FLAGSHIPS if REGISTRY[a].family.left_padding_wrong_on_stock)
 
-MEASURE = (
-    SCRIPT_18104
-    + f"""
-def measure():
-    # a worker's own padded forward vs the unpadded reference; hfpatch is imported, never applied here
-    import os
-    import hfpatch
-    return {{"pid": os.getpid(), "error": error_18104({ARCH!r}), "applied_by": hfpatch.status().applied_by}}
-"""
-)
+MEASURE = worker_script(ARCH)
 
 SCRIPTS = {
     "spawn": """
@@ -84,7 +75,7 @@ def _run(tmp_path, kind, launcher):
     if reason:
         pytest.skip(reason)
     script = tmp_path / f"{kind}.py"
-    script.write_text(textwrap.dedent(MEASURE) + textwrap.dedent(SCRIPTS[kind]))
+    script.write_text(MEASURE + textwrap.dedent(SCRIPTS[kind]))
     if kind == "torchrun":
         torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
         if torchrun is None:
