@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import importlib
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -88,3 +90,9 @@ def test_ray_applied_by_needs_a_connected_driver():
         pytest.skip("a Ray session is open in this process")
     with pytest.raises(RuntimeError, match="call ray.init"):
         workers.ray_applied_by()
+
+
+def test_hfpatch_workers_after_import_hfpatch():
+    code = "import hfpatch; print(hfpatch.workers.ray_runtime_env()['worker_process_setup_hook'])"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.stdout.split() == [workers.SETUP_HOOK], done.stderr[-2000:]
