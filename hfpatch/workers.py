@@ -9,6 +9,8 @@ start without it: a Ray ``worker_process_setup_hook`` reaches them all.
     ray.init(runtime_env=hfpatch.workers.ray_runtime_env({"env_vars": {...}}))    # merged into yours
     hfpatch run -- python driver.py   # every ray.init() of the driver merges it (RAY_RUNTIME_ENV_HOOK)
     hfpatch.workers.ray_applied_by()  # {node id: how a worker of this job there was patched}
+
+Ray Client (``ray://``) runs no setup hook for its jobs: ``import hfpatch.auto`` in the tasks' code there.
 """
 
 from __future__ import annotations
@@ -19,7 +21,13 @@ from collections.abc import Mapping
 from typing import Any, Callable, Optional, Union
 
 from . import engine
-from .launcher import ARCHS_VARIABLE, DISABLED_VARIABLE, RAY_RUNTIME_ENV_HOOK, apply_from_environment
+from .launcher import (
+    ARCHS_VARIABLE,
+    DISABLED_VARIABLE,
+    RAY_RUNTIME_ENV_HOOK,
+    apply_from_environment,
+    read_environment,
+)
 
 __all__ = ["RAY_RUNTIME_ENV_HOOK", "SETUP_HOOK", "ray_applied_by", "ray_runtime_env", "setup"]
 
@@ -63,6 +71,7 @@ def ray_runtime_env(runtime_env: Optional[Mapping[str, Any]] = None) -> dict[str
         if name in os.environ and name not in env_vars:
             env_vars[name] = os.environ[name]
     if env_vars:
+        read_environment(env_vars)  # a model type hfpatch does not know: one line here, not in each worker
         merged["env_vars"] = env_vars
     theirs = merged.get("worker_process_setup_hook")
     if _RAY_RESERVED in env_vars:  # a runtime_env Ray has processed already (a submitted job's): as it is

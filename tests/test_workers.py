@@ -75,6 +75,9 @@ def test_a_runtime_env_ray_has_processed_is_left_as_it_is(fresh_record):
 def test_bad_input_is_one_line():
     with pytest.raises(TypeError, match=r"^runtime_env: expected a dict or None, got str$"):
         workers.ray_runtime_env("hfpatch.workers.setup")
+    with pytest.raises(ValueError, match=r"^HFPATCH_ARCHS=qwen: .*qwen2") as raised:  # in the driver, once
+        workers.ray_runtime_env({"env_vars": {"HFPATCH_ARCHS": "qwen"}})
+    assert "\n" not in str(raised.value)
 
 
 def test_a_ray_runtime_env_object_is_merged():
