@@ -3,7 +3,8 @@
     nox -s matrix                           # every release (hours: see docs/compatibility.md)
     nox -s "matrix(transformers='4.40.2')"  # one release
     nox -s ci                               # the releases CI runs, strict
-    nox -s integrations                     # peft, trl, accelerate, processes (CI runs it)
+    nox -s integrations                     # peft, trl, accelerate, ray, deepspeed, sentence-transformers,
+                                            # processes and launchers (CI runs it)
     nox -s wheel                            # the built wheel, installed as users install it (CI runs it)
     python compat/report.py                 # compat/results/ -> compat/REPORT.md + compat/summary.json
 
@@ -27,7 +28,8 @@ from matrix import CI_RELEASES, NEWEST, RELEASES, TEST_DEPENDENCIES, TORCH, inst
 
 nox.options.sessions = ["matrix"]
 nox.options.error_on_missing_interpreters = True
-INTEGRATIONS = ["peft", "trl", "accelerate"]  # current releases, next to the newest transformers
+# current releases, next to the newest transformers
+INTEGRATIONS = ["peft", "trl", "accelerate", "ray[default]", "deepspeed", "sentence-transformers"]
 
 
 def _run_release(session: nox.Session, release: str, strict: bool) -> None:
@@ -77,7 +79,7 @@ def integrations(session: nox.Session) -> None:
     session.run("python", "-m", "pip", "list", "--format=freeze", silent=False)
     session.run(
         "python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "slow or not slow",
-        "tests/integrations", "tests/test_processes.py",
+        "tests/integrations", "tests/test_processes.py", "tests/test_workers.py",
     )  # fmt: skip
 
 

@@ -25,13 +25,14 @@ __all__ = [
     "status",
     "unpatched",
     "verify",
+    "workers",
 ]
 
 
 def __getattr__(name: str) -> Any:
-    # hfpatch.positions and hfpatch.verification import torch: keep `import hfpatch` light until they are used
-    if name == "positions":
-        return importlib.import_module("hfpatch.positions")
+    # hfpatch.positions and hfpatch.verification import torch: keep `import hfpatch` light until used
+    if name in ("positions", "workers"):
+        return importlib.import_module(f"hfpatch.{name}")
     if name == "verify":
         return importlib.import_module("hfpatch.verification").verify
     raise AttributeError(f"module 'hfpatch' has no attribute {name!r}")

@@ -1,7 +1,13 @@
-"""``python -m hfpatch``: the command line (see ``python -m hfpatch --help``)."""
+"""``python -m hfpatch``: the command line (see ``python -m hfpatch --help``). From a source checkout
+that is not installed, ``python path/to/checkout/hfpatch ...`` runs it too."""
 
+import os
 import sys
 
-from .cli import main
+if __package__:
+    from .cli import main
+else:  # run as a folder or a file: the package is found in the folder above, not module by module here
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    from hfpatch.cli import main
 
 sys.exit(main(prog="python -m hfpatch"))

@@ -32,6 +32,8 @@ __all__ = [
 ARCHS_VARIABLE = "HFPATCH_ARCHS"
 DISABLED_VARIABLE = "HFPATCH_DISABLED"
 LAUNCHED_VARIABLE = "HFPATCH_LAUNCHED"  # set by `hfpatch run`, inherited by every child process
+RAY_HOOK_VARIABLE = "RAY_RUNTIME_ENV_HOOK"  # Ray's: a function that rewrites each ray.init()'s runtime_env
+RAY_RUNTIME_ENV_HOOK = "hfpatch.workers.ray_runtime_env"
 VARIABLES = (ARCHS_VARIABLE, DISABLED_VARIABLE, LAUNCHED_VARIABLE)
 TRUE = ("1", "true", "yes", "on")
 CANNOT_RUN, NOT_EXECUTABLE, NOT_FOUND = 2, 126, 127  # exit statuses of `hfpatch run` itself
@@ -64,16 +66,17 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     return warnings_
 
 
-def apply_from_environment() -> None:
-    """What ``import hfpatch.auto`` does: apply as the environment says, and record how."""
+def apply_from_environment(how: Optional[str] = None) -> None:
+    """What ``import hfpatch.auto`` (and the Ray worker setup hook, ``how``) does: apply as the
+    environment says, and record how."""
     for warning in unknown_variables(os.environ):
         warnings.warn(f"hfpatch: {warning}", RuntimeWarning, stacklevel=4)
     names = read_environment(os.environ)
     if names is None:
         return
-    if os.environ.get(LAUNCHED_VARIABLE):
+    if how is None and os.environ.get(LAUNCHED_VARIABLE):
         how = f"the hfpatch run launcher (sitecustomize, process {os.getpid()})"
-    else:
+    elif how is None:
         how = "import hfpatch.auto"
     if names:
         how += f", {ARCHS_VARIABLE}={','.join(names)}"
@@ -106,6 +109,15 @@ def run(command: Sequence[str], prog: str = "hfpatch") -> int:
     if sys.prefix != sys.base_prefix:  # a virtual environment, maybe not activated: as activating it does
         env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), *filter(None, [env.get("PATH")])])
     env[LAUNCHED_VARIABLE] = "1"
+    # Ray calls this on every ray.init()'s runtime_env: workers of a cluster started elsewhere, or given
+    # a PYTHONPATH of their own, apply hfpatch from a worker_process_setup_hook (hfpatch.workers)
+    theirs = env.setdefault(RAY_HOOK_VARIABLE, RAY_RUNTIME_ENV_HOOK)
+    if theirs != RAY_RUNTIME_ENV_HOOK:
+        print(
+            f"{prog} run: {RAY_HOOK_VARIABLE}={theirs} is kept: for Ray workers of a cluster started "
+            f"elsewhere, pass your runtime_env through {RAY_RUNTIME_ENV_HOOK}()",
+            file=sys.stderr,
+        )
     try:
         os.execvpe(command[0], list(command), env)
     except OSError as exc:

@@ -30,6 +30,7 @@ __all__ = [
     "run_alone",
     "run_padded",
     "static_cache",
+    "worker_script",
 ]
 
 static_cache = new_static_cache  # StaticCache's constructor across releases
@@ -191,3 +192,18 @@ def scaled_rope_model(model_type: str, kind: str, attention: Optional[str] = Non
         config._attn_implementation = attention
     torch.manual_seed(seed)
     return transformers.AutoModelForCausalLM.from_config(config).float().eval()
+
+
+def worker_script(model_type: str) -> str:
+    """SCRIPT_18104 plus ``measure()``: a worker's own padded forward against the unpadded reference,
+    its process id and ``hfpatch.status().applied_by`` (hfpatch is imported there, never applied)."""
+    return (
+        SCRIPT_18104
+        + f"""
+def measure():
+    import os
+    import hfpatch
+    error = error_18104({model_type!r})
+    return {{"pid": os.getpid(), "error": error, "applied_by": hfpatch.status().applied_by}}
+"""
+    )

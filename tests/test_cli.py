@@ -145,3 +145,15 @@ def test_launcher_finds_its_own_python_without_an_activated_environment():
     path = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep) if p != here)
     result = _run("run", "--", "python", "-c", code, env={"PATH": path})
     assert result.returncode == 0 and "launcher" in result.stdout, result.stdout + result.stderr
+
+
+def test_launcher_names_hfpatch_in_rays_runtime_env_hook():
+    """Ray calls ``RAY_RUNTIME_ENV_HOOK`` on every ``ray.init()``'s runtime_env: ``hfpatch run`` names
+    hfpatch's (workers of clusters started elsewhere apply it); a hook of the user's own is kept, said
+    in one line."""
+    code = "import os; print(os.environ['RAY_RUNTIME_ENV_HOOK'])"
+    result = _run("run", "--", sys.executable, "-c", code)
+    assert result.returncode == 0 and result.stdout.split() == ["hfpatch.workers.ray_runtime_env"], result
+    result = _run("run", "--", sys.executable, "-c", code, env={"RAY_RUNTIME_ENV_HOOK": "their.hook"})
+    assert result.returncode == 0 and result.stdout.split() == ["their.hook"], result
+    assert "RAY_RUNTIME_ENV_HOOK=their.hook is kept" in result.stderr and len(result.stderr.splitlines()) == 1

@@ -10,29 +10,23 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import textwrap
+from pathlib import Path
 
 import pytest
 
+from hfpatch.launcher import RAY_RUNTIME_ENV_HOOK
 from hfpatch.tiny import FLAGSHIPS
 
 from conftest import REGISTRY, arch_skip_reason
-from harness import SCRIPT_18104, TOLERANCE, WRONG
+from harness import TOLERANCE, WRONG, worker_script
 
 pytestmark = pytest.mark.slow  # processes start Python and torch again: nox -s integrations runs them
 
 ARCH = next(a for a in FLAGSHIPS if REGISTRY[a].family.left_padding_wrong_on_stock)
 
-MEASURE = (
-    SCRIPT_18104
-    + f"""
-def measure():
-    # a worker's own padded forward vs the unpadded reference; hfpatch is imported, never applied here
-    import os
-    import hfpatch
-    return {{"pid": os.getpid(), "error": error_18104({ARCH!r}), "applied_by": hfpatch.status().applied_by}}
-"""
-)
+MEASURE = worker_script(ARCH)
 
 SCRIPTS = {
     "spawn": """
@@ -84,7 +78,7 @@ def _run(tmp_path, kind, launcher):
     if reason:
         pytest.skip(reason)
     script = tmp_path / f"{kind}.py"
-    script.write_text(textwrap.dedent(MEASURE) + textwrap.dedent(SCRIPTS[kind]))
+    script.write_text(MEASURE + textwrap.dedent(SCRIPTS[kind]))
     if kind == "torchrun":
         torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
         if torchrun is None:
@@ -148,3 +142,56 @@ def test_launcher_chains_an_existing_sitecustomize(tmp_path):
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["ran", "True"]
+
+
+def test_launcher_from_a_checkout_that_is_not_installed(tmp_path):
+    """``python path/to/checkout/hfpatch run -- python script.py`` from another folder, in a virtual
+    environment that has torch and transformers but not hfpatch, and no PYTHONPATH: the launcher puts
+    the checkout on the child's path, and the child is patched."""
+    reason = arch_skip_reason(ARCH)
+    if reason:
+        pytest.skip(reason)
+    checkout = Path(__file__).resolve().parents[1]  # this test's own checkout, whatever is installed
+    farm = tmp_path / "packages"  # this environment's packages, hfpatch left out
+    farm.mkdir()
+    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
+        if not entry.name.lower().startswith(("hfpatch", "__editable__", "_hfpatch")):
+            (farm / entry.name).symlink_to(entry)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
+    python = tmp_path / "venv" / "bin" / "python"
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    (Path(site) / "packages.pth").write_text(str(farm) + "\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HFPATCH_", "PYTHONPATH"))}
+    env.update(OMP_NUM_THREADS="1")
+    (tmp_path / "elsewhere").mkdir()
+    bare = subprocess.run(
+        [str(python), "-c", "import hfpatch"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path / "elsewhere",
+    )
+    assert "No module named 'hfpatch'" in bare.stderr, "hfpatch must not be importable in that environment"
+    # the launcher's sitecustomize alone, hfpatch out of reach: a warning, and Ray not sent to hfpatch
+    code = "import os; print(os.environ.get('RAY_RUNTIME_ENV_HOOK'))"
+    lost = {
+        **env,
+        "PYTHONPATH": str(checkout / "hfpatch" / "bootstrap"),
+        "RAY_RUNTIME_ENV_HOOK": RAY_RUNTIME_ENV_HOOK,
+    }
+    lost = subprocess.run(
+        [str(python), "-c", code], capture_output=True, text=True, env=lost, cwd=tmp_path / "elsewhere"
+    )
+    assert lost.stdout.split() == ["None"] and "not applied in this process" in lost.stderr, lost
+    script = tmp_path / "elsewhere" / "child.py"
+    script.write_text(MEASURE + "import json\nprint(json.dumps(measure()))\n")
+    done = subprocess.run(
+        [str(python), str(checkout / "hfpatch"), "run", "--", "python", str(script)],
+        capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path / "elsewhere",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["error"] <= TOLERANCE and "hfpatch run launcher" in result["applied_by"], result

@@ -10,6 +10,8 @@ try:
     import hfpatch.auto  # noqa: F401
 except Exception as exc:  # noqa: BLE001 - never stop the interpreter from starting
     warnings.warn(f"hfpatch run: not applied in this process: {exc}", RuntimeWarning, stacklevel=1)
+    if os.environ.get("RAY_RUNTIME_ENV_HOOK") == "hfpatch.workers.ray_runtime_env":
+        del os.environ["RAY_RUNTIME_ENV_HOOK"]  # a Python without hfpatch: ray.init() could not load it
 
 
 def _chain() -> None:
