@@ -21,6 +21,11 @@ import torch
 
 from .positions import static_fill_level
 
+try:  # at import, not in a call: dynamo cannot trace an import from transformers' lazy module
+    from transformers import cache_utils
+except ImportError:  # before 4.36
+    cache_utils = None
+
 __all__ = [
     "capacity",
     "count_written",
@@ -140,8 +145,6 @@ def keep_whole_window(cache: Any) -> bool:
     that every key inside a window by position stays (see :mod:`hfpatch.windows`). Python checks of
     object types only. False for a cache whose sliding layers this does not handle (4.45-4.53's
     ``SlidingWindowCache``, ``HybridCache``...); a layer that has already dropped keys stays as it is."""
-    from transformers import cache_utils
-
     layers = getattr(cache, "layers", None)
     if layers is None:  # 4.53 and older: a growing or static cache keeps every column
         return isinstance(cache, (tuple, list)) or type(cache).__name__ in ("DynamicCache", "StaticCache")
@@ -166,8 +169,6 @@ def remember_requested_lengths(install: bool) -> None:
     """While hfpatch is applied, a ``StaticSlidingWindowLayer`` (4.54+) records the cache length it was
     asked for (it keeps only ``min(window, length)`` slots and forgets it): the cache's capacity, and
     the full layer :func:`keep_whole_window` puts in its place."""
-    from transformers import cache_utils
-
     layer = getattr(cache_utils, "StaticSlidingWindowLayer", None)
     if layer is None:
         return

@@ -35,6 +35,11 @@ from typing import Any, Callable, Optional
 
 import torch
 
+try:  # at import, not in a call: dynamo cannot trace an import from transformers' lazy module
+    from transformers import modeling_rope_utils
+except ImportError:  # before 4.43
+    modeling_rope_utils = None
+
 __all__ = [
     "DYNAMIC",
     "LONGROPE",
@@ -221,11 +226,7 @@ def _longrope_threshold(module: Any, layer_type: Optional[str]) -> int:
 
 def _init_function(module: Any, rope_type: str) -> Callable:
     function = getattr(module, "rope_init_fn", None)  # 4.51-4.57
-    if function is None:
-        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-        function = ROPE_INIT_FUNCTIONS[rope_type]
-    return function
+    return function if function is not None else modeling_rope_utils.ROPE_INIT_FUNCTIONS[rope_type]
 
 
 def _long_inv_freq(
@@ -243,10 +244,6 @@ def _long_inv_freq(
 
 
 def _decorator_code() -> Any:
-    try:
-        from transformers import modeling_rope_utils
-    except ImportError:
-        return None
     decorator = getattr(modeling_rope_utils, "dynamic_rope_update", None)
     return None if decorator is None else decorator(lambda self, x, position_ids: None).__code__
 
@@ -276,8 +273,6 @@ def _broadcasts(raw: Callable) -> bool:
 def _ntk_takes_tensors() -> bool:
     """The release's NTK function takes a tensor length (4.56+; before, it branches on it in Python)."""
     if "known" not in _TENSOR_NTK:
-        from transformers import modeling_rope_utils
-
         source = inspect.getsource(modeling_rope_utils._compute_dynamic_ntk_parameters)
         _TENSOR_NTK["known"] = "torch.maximum" in source
     return _TENSOR_NTK["known"]

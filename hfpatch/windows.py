@@ -26,6 +26,7 @@ from typing import Any, NamedTuple, Optional, Union
 import torch
 
 from . import caches
+from .caches import cache_utils
 from .positions import cache_positions, window_mask
 
 __all__ = ["WindowPlan", "apply_windows", "positional", "smallest_window", "window_plan"]
@@ -59,8 +60,6 @@ def window_plan(owner: type) -> Optional[WindowPlan]:
     )
     if not (masking_utils or "sliding_window" in update_source):
         return None
-    from transformers import cache_utils
-
     getter = getattr(cache_utils.Cache, "get_mask_sizes", None)
     by_slots = getter is not None and "cache_position" in inspect.signature(getter).parameters
     return WindowPlan(takes_dict, by_slots, not masking_utils)
@@ -185,8 +184,9 @@ def _as_model_takes(
 def _new_cache(config: Any) -> Any:
     """The cache the model would create itself (``DynamicCache(config=...)``, 4.56+: the releases whose
     growing cache has sliding layers), or None where the model's own keeps every column anyway."""
-    import transformers
+    return cache_utils.DynamicCache(config=config) if _CACHE_TAKES_CONFIG else None
 
-    if "config" not in inspect.signature(transformers.DynamicCache.__init__).parameters:
-        return None
-    return transformers.DynamicCache(config=config)
+
+_CACHE_TAKES_CONFIG = (
+    cache_utils is not None and "config" in inspect.signature(cache_utils.DynamicCache.__init__).parameters
+)

@@ -76,3 +76,56 @@ def test_holes_inside_the_window(model_type, attention, cache):
             except Exception:  # noqa: BLE001 - stock cannot run some of these (a full static sliding layer)
                 stock_errors.append(float("inf"))
     assert max(stock_errors) > WRONG, "stock transformers is right: the window does not act here"
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("cache", ["model's own", "StaticCache"])
+def test_compiles_with_fullgraph(cache):
+    """A decode loop past the window, compiled with fullgraph=True: no graph break of hfpatch's own
+    (the masks are tensor ops; the layer swap and the cache's creation are Python on object types),
+    the same tokens as eager, and exact against each row alone."""
+    model = _model("mistral", "sdpa")
+    if cache == "StaticCache" and static_cache_skip_reason(model):
+        pytest.skip(static_cache_skip_reason(model))
+    a, b = random_rows([140, 132], seed=11)
+    prompt = torch.tensor([a, b + [0] * 8])
+    mask = torch.tensor([[1] * 140, [1] * 132 + [0] * 8])  # right-padded: a hole of 8 once continued
+
+    def decode(forward):
+        width = 160 if cache == "StaticCache" else None
+        state = static_cache(model, 2, 160) if width else None
+        name = (
+            "cache"
+            if "cache" in __import__("inspect").signature(model.forward).parameters
+            else "past_key_values"
+        )
+        full = mask if width is None else torch.cat([mask, mask.new_zeros(2, width - 140)], 1)
+        with torch.no_grad():
+            out = model(input_ids=prompt, attention_mask=full, use_cache=True, **{name: state})
+            state = out[name] if name in out.keys() else out.past_key_values
+            tokens, logits, grown = [out.logits[:, -1:].argmax(-1)], [], mask
+            for _ in range(4):
+                grown = torch.cat([grown, grown.new_ones(2, 1)], 1)
+                call_mask = (
+                    grown
+                    if width is None
+                    else torch.cat([grown, grown.new_zeros(2, width - grown.shape[1])], 1)
+                )
+                out = forward(input_ids=tokens[-1], attention_mask=call_mask, use_cache=True, **{name: state})
+                state = out[name] if name in out.keys() else out.past_key_values
+                logits.append(out.logits[:, -1])
+                tokens.append(out.logits[:, -1:].argmax(-1))
+        return torch.cat(tokens, 1), torch.stack(logits, 1)
+
+    eager_tokens, eager_logits = decode(model)
+    torch._dynamo.reset()
+    try:
+        compiled_tokens, compiled_logits = decode(torch.compile(model, fullgraph=True, backend="eager"))
+    finally:
+        torch._dynamo.reset()
+    assert torch.equal(compiled_tokens, eager_tokens)
+    assert (compiled_logits - eager_logits).abs().max().item() <= TOLERANCE
+    row_b = b + eager_tokens[1, :4].tolist()  # row b alone, unpadded, with the tokens it was given
+    with torch.no_grad(), stock():
+        alone = model(input_ids=torch.tensor([row_b])).logits[0, -4:]
+    assert (compiled_logits[1] - alone).abs().max().item() <= TOLERANCE
