@@ -296,6 +296,56 @@ def _static_slots_row(model: Any, batch: int, prompt: int, capacity: int) -> str
     )
 
 
+def window_decode(batch: int, prompt: int, window: int, steps: int = 301) -> list[str]:
+    """A decode step past a sliding window: Mistral (4 layers, hidden 256, window ``window``), a
+    right-padded prompt longer than the window, one token a step. hfpatch deriving the positions (its
+    windows by position: full cache layers, position masks) vs the same step with positions passed by
+    hand (hfpatch then does nothing: transformers' sliding layers and column masks, wrong past the
+    window for the padded rows). Each side has its own cache; their steps are interleaved."""
+    model = tiny_model("mistral", sizes={**SMALL, "sliding_window": window}, attention="sdpa")
+    ids, mask = padded_batch(batch, prompt)
+    mask = mask.flip(-1)  # right padding: the pads become holes once the prompt is continued
+    name = cache_name(model)
+    sides = []
+    for by_hand in (False, True):
+        with torch.no_grad():
+            extra = {"position_ids": positions_from_mask(mask)} if by_hand else {}
+            out = model(input_ids=ids, attention_mask=mask, use_cache=True, **extra)
+        sides.append({"cache": output_cache(out), "mask": mask, "by_hand": by_hand})
+    token = torch.ones(batch, 1, dtype=torch.long)
+    times: list = [[], []]
+    ratios = []
+    for i in range(steps + 3):
+        pair = [0.0, 0.0]
+        for side in (0, 1) if i % 2 == 0 else (1, 0):
+            run = sides[side]
+            run["mask"] = torch.cat([run["mask"], run["mask"].new_ones(batch, 1)], 1)
+            kwargs = {
+                "input_ids": token,
+                "attention_mask": run["mask"],
+                "use_cache": True,
+                name: run["cache"],
+            }
+            if run["by_hand"]:
+                kwargs["position_ids"] = positions_from_mask(run["mask"])[:, -1:]
+            with torch.no_grad():
+                start = time.perf_counter()
+                model(**kwargs)
+                pair[side] = time.perf_counter() - start
+        if i >= 3:
+            times[0].append(pair[0])
+            times[1].append(pair[1])
+            ratios.append(pair[0] / pair[1])
+    kv = [
+        sum(t.numel() * t.element_size() for layer in s["cache"].layers for t in (layer.keys, layer.values))
+        for s in sides
+    ]
+    return [
+        f"| mistral (window {window}) | {batch} x 1 (after {prompt}, {steps} steps) | {statistics.median(times[0]) * 1e3:.3f} "
+        f"| {statistics.median(times[1]) * 1e3:.3f} | **{statistics.median(ratios):.3f}** | {kv[0] / 2**20:.1f} | {kv[1] / 2**20:.1f} |"
+    ]
+
+
 def compiled_decode_step(batch: int, prompt: int, steps: int) -> list[str]:
     """One compiled decode step, hfpatch deriving positions from the mask vs stock transformers fed
     explicit position_ids (and cache_position where the release has it). Both use a StaticCache and a
@@ -471,6 +521,21 @@ def sections() -> dict[str, tuple[list[str], Callable[[], list[str]]]]:
                 "|---|---|---|---|---|---|---|",
             ],
             lambda: static_slots_decode(128, (256, 8192)),
+        ),
+        "## Decode step past a sliding window: windows by position vs transformers' own": (
+            [
+                "Mistral, 4 layers, hidden 256, SDPA, batch 8, a right-padded prompt of 512 tokens (its pads",
+                "become holes once it is continued), one token a step. hfpatch derives the positions (windows by",
+                "position: the sliding layers keep every key, the masks compare positions); the other side",
+                "passes the positions by hand, so hfpatch does nothing: transformers' sliding layers and column",
+                "masks, which are wrong past the window for the padded rows. Each side has its own cache; steps",
+                "interleaved; the last two columns are the KV cache's size after the steps.",
+                "",
+                "| model | batch x tokens | hfpatch (ms) | positions by hand, transformers' window (ms) | ratio "
+                "| KV cache, hfpatch (MiB) | KV cache, transformers' window (MiB) |",
+                "|---|---|---|---|---|---|---|",
+            ],
+            lambda: window_decode(8, 512, 128),
         ),
         "## Compiled decode step: hfpatch (mask only) vs stock with explicit inputs": (
             [
