@@ -162,12 +162,10 @@ def fill_slots(model: Any, plan: Plan, kwargs: dict, cache: Any) -> Derived:
     size = caches.capacity(static)
     if size is None:  # a growing cache (or none): transformers' own slots are right
         return fill_positions(model, plan, kwargs, cache)
-    tokens = _inputs(kwargs)
-    if tokens is None:
+    call = _call_inputs(kwargs)
+    if call is None:
         return None
-    num_new, mask = tokens.shape[1], _mask_to_read(kwargs)
-    if mask is not None:
-        _checked_length(mask, tokens)
+    tokens, num_new, mask = call
     if given is not None:  # the caller's slots, forwarded unchanged
         caches.count_written(static, given.reshape(-1)[-1] + 1, tokens.device)
         if mask is None:
@@ -197,12 +195,10 @@ def fill_removed_slots(model: Any, plan: Plan, kwargs: dict, cache: Any) -> Deri
     given = kwargs.pop("cache_position", None)
     if given is None:
         return fill_positions(model, plan, kwargs, cache)
-    tokens = _inputs(kwargs)
-    if tokens is None:
+    call = _call_inputs(kwargs)
+    if call is None:
         return None
-    num_new, mask = tokens.shape[1], _mask_to_read(kwargs)
-    if mask is not None:
-        _checked_length(mask, tokens)
+    _, num_new, mask = call
     past = _past(cache, num_new, _mask_length(kwargs), strict=mask is not None)
     if _may_read(given):
         _check_given_slots(given, cache_positions(num_new, past))
@@ -231,6 +227,18 @@ def _mask_to_read(kwargs: dict) -> Optional[torch.Tensor]:
         return None
     mask = kwargs.get("attention_mask")
     return mask if isinstance(mask, torch.Tensor) and mask.dim() != 4 else None
+
+
+def _call_inputs(kwargs: dict) -> Optional[tuple[torch.Tensor, int, Optional[torch.Tensor]]]:
+    """(the inputs, how many new tokens, the mask positions are derived from: checked, or None), or
+    None for a call without inputs hfpatch reads (see :func:`_inputs`)."""
+    tokens = _inputs(kwargs)
+    if tokens is None:
+        return None
+    mask = _mask_to_read(kwargs)
+    if mask is not None:
+        _checked_length(mask, tokens)
+    return tokens, tokens.shape[1], mask
 
 
 def _mask_length(kwargs: dict) -> Optional[int]:
