@@ -72,6 +72,18 @@ def install(release: str, python: str) -> None:
 NOT_SHIPPED = "is not in transformers"  # how a probe test says it skipped a model type the release lacks
 
 
+WRONG, CLASS_DIFFERS, NOT_BUILDABLE = "wrong with the positions", "class differs", "tiny model does not run"
+
+
+def failure_kind(text: str) -> str:
+    """Why a probe run failed, from its failure text: hfpatch patched the model and it is still wrong
+    (an upstream limit there), the release's class is not the one hfpatch patches (its signature or
+    its name), or the tiny model cannot be built or run there (nothing measured)."""
+    if "signature mismatch" in text or "not found in this transformers release" in text:
+        return CLASS_DIFFERS
+    return WRONG if "WRONG with hfpatch" in text else NOT_BUILDABLE
+
+
 def probe_verdict(runs: dict) -> str:
     """One release's probe of one model type (``{attention: {"outcome", "message", ...}}``, eager and
     SDPA): ``pass``, ``fail``, ``absent`` (the release does not ship it) or ``outside`` (skipped)."""

@@ -33,7 +33,7 @@ import hfpatch  # noqa: E402  (registers the adapters)
 from hfpatch.support import KNOWN_BAD, TESTED, support  # noqa: E402
 from hfpatch.tiny import FLAGSHIPS  # noqa: E402
 
-from matrix import RELEASES, probe_verdict  # noqa: E402
+from matrix import CLASS_DIFFERS, NOT_BUILDABLE, RELEASES, WRONG, failure_kind, probe_verdict  # noqa: E402
 
 REGISTRY = hfpatch.registry()
 ARCHS = list(FLAGSHIPS)  # the full suite's columns
@@ -92,12 +92,16 @@ def read_probe(path: Path) -> dict:
             continue
         model_type, attention = name[len(PROBE_TEST) : -1].rsplit("-", 1)
         outcome, message = "pass", ""
+        kind = None
         for child in case:
             if child.tag in ("failure", "error"):
                 outcome, message = "fail", (child.get("message") or "")[:300]
+                kind = failure_kind(f"{child.get('message') or ''}\n{child.text or ''}")
             elif child.tag == "skipped" and outcome != "fail":
                 outcome, message = "skip", _clean(child.get("message", ""))
         entry = {"outcome": outcome, "message": message}
+        if kind is not None:
+            entry["kind"] = kind
         entry.update((p.get("name"), float(p.get("value"))) for p in case.iter("property"))
         result.setdefault(model_type, {})[attention] = entry
     return result
@@ -278,15 +282,24 @@ def _render_probe(summary: dict) -> list[str]:
         for name, adapter in REGISTRY.items()
         for model_type in (name, *adapter.aliases)
         for release, by_release in [(r, verdicts.get(model_type, {})) for r in probed]
-        if _patched_on(adapter, release) and by_release.get(release) != "absent"
+        if _patched_on(adapter, release, model_type) and by_release.get(release) != "absent"
     ]
     passed = sum(1 for verdict in in_range_cells if verdict == "pass")
+    left = Counter(
+        _cell_kind(summary[release]["probe"].get(name, {}))
+        for name, adapter in REGISTRY.items()
+        for release in probed
+        if not _patched_on(adapter, release) and verdicts.get(name, {}).get(release) == "fail"
+    )
+    why = "; ".join(f"{n} {kind}" for kind, n in sorted(left.items())) or "none"
     lines += [
         "",
-        f"**{passed} of {len(in_range_cells)} (model type, release) pairs in the declared ranges pass.** "
-        "A release below a range fails the probe or lacks the class (the range is the longest run of "
-        "passing releases that ends at the newest, less releases declared known-bad, whose reason "
-        "`status()` gives; `tests/test_compat_report.py` checks it).",
+        f"**{passed} of {len(in_range_cells)} (model type, release) pairs in the declared ranges pass: "
+        f"{passed} patched cells.** Where a class ships and is not patched (below its range, or a known-bad "
+        f"release inside it), the probe says why: {why}. *wrong with the positions*: hfpatch patched it "
+        "and it is still wrong (a limit of that release); *class differs*: that release's class is not "
+        "the one hfpatch patches; *tiny model does not run*: nothing could be measured there. Every "
+        "release where the probe passes is patched (`tests/test_compat_report.py` checks it).",
     ]
     families: dict = {}
     for name, adapter in REGISTRY.items():
@@ -298,16 +311,16 @@ def _render_probe(summary: dict) -> list[str]:
             "",
         ]
         lines += [
-            "| model type | class | declared | ships | exact | failing | stock | hfpatch |",
+            "| model type | class | declared | ships | exact | not patched, and why | stock | hfpatch |",
             "|---" * 8 + "|",
         ]
         for name, adapter in members:
             for model_type in (name, *adapter.aliases):
                 by_release = verdicts.get(model_type, {})
                 ships = [r for r, v in by_release.items() if v != "absent"]
-                declared = [r for r in ships if _patched_on(adapter, r)]
+                declared = [r for r in ships if _patched_on(adapter, r, model_type)]
                 passed = [r for r in declared if by_release[r] == "pass"]
-                failing = [r for r, v in by_release.items() if v == "fail"]
+                failing = _not_patched(summary, adapter, model_type, by_release)
                 newest_run = summary[newest].get("probe", {}).get(model_type, {})
                 stock = max((run.get("stock", 0.0) for run in newest_run.values()), default=None)
                 fixed = max((run.get("hfpatch", 0.0) for run in newest_run.values()), default=None)
@@ -315,13 +328,37 @@ def _render_probe(summary: dict) -> list[str]:
                 holes = "".join(f", not {spec.removeprefix('==')}" for spec, _ in adapter.known_bad)
                 cells = [model_type, adapter.cls, adapter.versions + holes, span]
                 cells += [f"{len(passed)}/{len(declared)}"]
-                cells += [", ".join(failing) or "-", _num(stock), _num(fixed)]
+                cells += [failing or "-", _num(stock), _num(fixed)]
                 lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
-def _patched_on(adapter, release: str) -> bool:
-    """In the declared range and not declared known-bad there (what the range test calls tested)."""
+def _cell_kind(runs: dict) -> str:
+    """One failing cell's reason (eager and SDPA): wrong first, then class differs, then not buildable."""
+    kinds = {run.get("kind") for run in runs.values() if run["outcome"] == "fail"}
+    return next(
+        kind for kind in (WRONG, CLASS_DIFFERS, NOT_BUILDABLE) if kind in kinds or kind == NOT_BUILDABLE
+    )
+
+
+def _not_patched(summary: dict, adapter, model_type: str, by_release: dict) -> str:
+    """Releases that ship the model type and where it is not patched, grouped by the probe's reason."""
+    groups: dict = {}
+    for release, verdict in by_release.items():
+        if verdict == "fail" and not _patched_on(adapter, release, model_type):
+            groups.setdefault(_cell_kind(summary[release]["probe"][model_type]), []).append(release)
+    return "; ".join(
+        f"{kind}: {rs[0]}" + (f" - {rs[-1]} ({len(rs)})" if len(rs) > 1 else "")
+        for kind, rs in groups.items()
+    )
+
+
+def _patched_on(adapter, release: str, model_type: str = "") -> bool:
+    """In the declared range and not declared known-bad there (what the range test calls tested); for an
+    alias verified from a later release (``alias_since``), from there."""
+    since = dict(adapter.alias_since).get(model_type)
+    if since is not None and Version(release) < Version(since):
+        return False
     return support(adapter, Version(release)).level == TESTED
 
 
