@@ -33,7 +33,7 @@ import hfpatch  # noqa: E402  (registers the adapters)
 from hfpatch.support import KNOWN_BAD, TESTED, support  # noqa: E402
 from hfpatch.tiny import FLAGSHIPS  # noqa: E402
 
-from matrix import CLASS_DIFFERS, NOT_BUILDABLE, RELEASES, WRONG, failure_kind, probe_verdict  # noqa: E402
+from matrix import FAILURE_KINDS, NOT_BUILDABLE, RELEASES, failure_kind, probe_verdict  # noqa: E402
 
 REGISTRY = hfpatch.registry()
 ARCHS = list(FLAGSHIPS)  # the full suite's columns
@@ -297,8 +297,10 @@ def _render_probe(summary: dict) -> list[str]:
         f"**{passed} of {len(in_range_cells)} (model type, release) pairs in the declared ranges pass: "
         f"{passed} patched cells.** Where a class ships and is not patched (below its range, or a known-bad "
         f"release inside it), the probe says why: {why}. *wrong with the positions*: hfpatch patched it "
-        "and it is still wrong (a limit of that release); *class differs*: that release's class is not "
-        "the one hfpatch patches; *tiny model does not run*: nothing could be measured there. Every "
+        "and it is still wrong (a limit of that release); *a scenario fails on stock too*: transformers "
+        "raises there, with or without hfpatch (e.g. a cache the model makes itself, sized to the "
+        "prompt); *class differs*: that release's class is not the one hfpatch patches; *tiny model "
+        "does not run*: nothing could be measured there. Every "
         "release where the probe passes is patched (`tests/test_compat_report.py` checks it).",
     ]
     families: dict = {}
@@ -336,9 +338,7 @@ def _render_probe(summary: dict) -> list[str]:
 def _cell_kind(runs: dict) -> str:
     """One failing cell's reason (eager and SDPA): wrong first, then class differs, then not buildable."""
     kinds = {run.get("kind") for run in runs.values() if run["outcome"] == "fail"}
-    return next(
-        kind for kind in (WRONG, CLASS_DIFFERS, NOT_BUILDABLE) if kind in kinds or kind == NOT_BUILDABLE
-    )
+    return next((kind for kind in FAILURE_KINDS if kind in kinds), NOT_BUILDABLE)
 
 
 def _not_patched(summary: dict, adapter, model_type: str, by_release: dict) -> str:
