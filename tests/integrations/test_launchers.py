@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow  # two ranks start Python and torch again: nox -s 
 ARCH = next(a for a in FLAGSHIPS if REGISTRY[a].family.left_padding_wrong_on_stock)
 
 RANKS = """
-import json, torch.distributed as dist
+import json, os, torch.distributed as dist
 
 if __name__ == "__main__":  # the launcher sets RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
     dist.init_process_group("gloo")
@@ -32,8 +32,8 @@ if __name__ == "__main__":  # the launcher sets RANK, WORLD_SIZE, MASTER_ADDR, M
     dist.all_gather_object(results, measure())
     if dist.get_rank() == 0:
         print("RANKS", json.dumps(results), flush=True)  # DeepSpeed's launcher logs to stdout too
-    dist.barrier()
-    dist.destroy_process_group()
+    dist.barrier()  # every rank done; then out without gloo's teardown, which can abort a rank under load
+    os._exit(0)
 """
 
 
