@@ -149,27 +149,39 @@ def keep_whole_window(cache: Any) -> bool:
     if layers is None:  # 4.53 and older: a growing or static cache keeps every column
         return isinstance(cache, (tuple, list)) or type(cache).__name__ in ("DynamicCache", "StaticCache")
     dynamic = getattr(cache_utils, "DynamicSlidingWindowLayer", None)
-    static = getattr(cache_utils, "StaticSlidingWindowLayer", None)
+    static = _static_sliding_layer()
     for i, layer in enumerate(layers):
         if dynamic is not None and type(layer) is dynamic and layer.cumulative_length < layer.sliding_window:
             whole = cache_utils.DynamicLayer()
             whole.__dict__.update((k, v) for k, v in vars(layer).items() if k in vars(whole) or k in _SETUP)
             layers[i] = whole
-        elif static is not None and isinstance(layer, static) and not layer.is_initialized:
+        elif static is not None and isinstance(layer, static) and not _initialized(layer):
             requested = getattr(layer, REQUESTED, layer.max_cache_len)
             if requested > layer.max_cache_len:
                 layers[i] = cache_utils.StaticLayer(max_cache_len=requested)
     return True
 
 
+def _static_sliding_layer() -> Optional[type]:
+    """The static cache's sliding layer class: ``StaticSlidingWindowLayer`` (4.57+), before it
+    ``SlidingWindowLayer``, a ``StaticLayer`` (4.54-4.56; chunked layers subclass it)."""
+    layer = getattr(cache_utils, "StaticSlidingWindowLayer", None) or getattr(cache_utils, "SlidingWindowLayer", None)
+    static = getattr(cache_utils, "StaticLayer", None)
+    return layer if static is not None and layer is not None and issubclass(layer, static) else None
+
+
+def _initialized(layer: Any) -> bool:
+    return getattr(layer, "is_initialized", getattr(layer, "keys", None) is not None)
+
+
 _SETUP = ("dtype", "device")  # what a layer's lazy initialization sets besides keys and values
 
 
 def remember_requested_lengths(install: bool) -> None:
-    """While hfpatch is applied, a ``StaticSlidingWindowLayer`` (4.54+) records the cache length it was
+    """While hfpatch is applied, a static cache's sliding layer (4.54+) records the cache length it was
     asked for (it keeps only ``min(window, length)`` slots and forgets it): the cache's capacity, and
     the full layer :func:`keep_whole_window` puts in its place."""
-    layer = getattr(cache_utils, "StaticSlidingWindowLayer", None)
+    layer = _static_sliding_layer()
     if layer is None:
         return
     init = layer.__dict__["__init__"]

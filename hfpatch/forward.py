@@ -43,8 +43,8 @@ from .windows import apply_windows
 __all__ = ["make_forward", "patched_here"]
 
 Past = Union[int, torch.Tensor]  # cached tokens before this call: an int, or a 0-d tensor (static caches)
-# what a filler derived positions from: (the 2-D mask, new tokens, where they start: an int or 0-d tensor,
-# or their slots), for the window masks; None where it derived none
+# what a filler derived positions from: (the 2-D mask, new tokens, where they start: an int (the mask's
+# last columns), or their slots, 1-D), for the window masks; None where it derived none
 Derived = Optional[tuple[torch.Tensor, int, Union[int, torch.Tensor]]]
 
 
@@ -145,8 +145,9 @@ def fill_positions(model: Any, plan: Plan, kwargs: dict, cache: Any) -> Derived:
         return None
     num_new, mask_len = tokens.shape[1], _checked_length(mask, tokens)
     past = _past(cache, num_new, mask_len, strict=True)
-    kwargs["position_ids"] = new_token_positions(mask, num_new, _where_new(num_new, past, mask_len))
-    return mask, num_new, past
+    where = _where_new(num_new, past, mask_len)
+    kwargs["position_ids"] = new_token_positions(mask, num_new, where)
+    return mask, num_new, past if where is None else where
 
 
 def fill_slots(model: Any, plan: Plan, kwargs: dict, cache: Any) -> Derived:

@@ -70,7 +70,7 @@ def apply_windows(
     mask: torch.Tensor, num_new: int, start: Union[int, torch.Tensor],
 ) -> None:  # fmt: skip
     """After positions are derived: keep the cache whole and replace ``kwargs["attention_mask"]`` (the
-    2-D ``mask``, whose new tokens start at column ``start``: an int, a 0-d tensor, or their slots) with
+    2-D ``mask``, whose new tokens start at column ``start`` (an int) or sit at the 1-D slots ``start``) with
     position-window masks, where the model's config has windowed layers this handles."""
     config = _text_config(model)
     if getattr(config, "_attn_implementation", None) not in ATTENTION:
@@ -88,11 +88,7 @@ def apply_windows(
         return  # a cache whose sliding layers this cannot keep whole (4.45-4.53 fixed-size ones): stock
     if mask.shape[1] <= min(window or chunk for window, chunk in sizes):
         return  # every key is inside every window, by column and by position alike: stock's masks are right
-    slots = (
-        start
-        if isinstance(start, torch.Tensor) and start.dim() == 1
-        else cache_positions(num_new, start, mask.device)
-    )
+    slots = start if isinstance(start, torch.Tensor) else cache_positions(num_new, start, mask.device)
     first = {kind: types.index(kind) for kind in windows}
     masks = {}
     for kind, size in windows.items():
