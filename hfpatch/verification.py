@@ -23,7 +23,7 @@ from .positions import new_token_positions
 from .rope import per_row_scaling, scaled_rope
 from .support import installed_transformers
 from .tiny import PAD, VOCAB, tiny_model
-from .windows import positional, smallest_window
+from .windows import configured_window, positional, smallest_window
 
 __all__ = [
     "SCENARIOS",
@@ -258,10 +258,12 @@ def _adapter_of_class(model: Any) -> Optional[Adapter]:
 def _limits(model: Any, adapter: Optional[Adapter]) -> list[str]:
     notes = list(adapter.limits) if adapter is not None else []
     window = smallest_window(model)
-    if window and (adapter is None or not positional(model, adapter.cls)):
+    configured = configured_window(model)
+    if configured and (adapter is None or not positional(model, adapter.cls)):
         if not any("sliding window" in note for note in notes):
-            text = f"sliding window / chunked attention ({window} tokens), decided by cache column here"
-            notes.append(f"{text}: a hole from a padded cached prefix inside the window stays wrong")
+            text = f"sliding window / chunked attention ({configured} tokens) left to transformers here"
+            notes.append(f"{text}: where its mask applies it, by cache column, a hole from a padded "
+                         "cached prefix inside the window stays wrong")  # fmt: skip
     elif window and window > MAX_WINDOW_PROBE:
         notes.append(f"sliding window / chunked attention ({window} tokens): not probed here")
     scaled = scaled_rope(model)

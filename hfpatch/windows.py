@@ -29,7 +29,7 @@ from . import caches
 from .caches import cache_utils
 from .positions import cache_positions, window_mask
 
-__all__ = ["WindowPlan", "apply_windows", "positional", "smallest_window", "window_plan"]
+__all__ = ["WindowPlan", "apply_windows", "configured_window", "positional", "smallest_window", "window_plan"]
 
 SLIDING, CHUNKED, FULL = "sliding_attention", "chunked_attention", "full_attention"
 KNOWN_TYPES = (FULL, SLIDING, CHUNKED)
@@ -125,6 +125,15 @@ def smallest_window(model: Any) -> Optional[int]:
     return min(sizes) if sizes else None
 
 
+def configured_window(model: Any) -> Optional[int]:
+    """The smaller of the sliding window and attention chunk a model's config sets, whichever layers
+    (if any) use them: what a release's mask code may apply, where hfpatch does not read it."""
+    config = _text_config(model)
+    sizes = [getattr(config, name, None) for name in ("sliding_window", "attention_chunk_size")]
+    sizes = [size for size in sizes if isinstance(size, int) and size > 0]
+    return min(sizes) if sizes else None
+
+
 def _text_config(model: Any) -> Any:
     get = getattr(model.config, "get_text_config", None)
     return get(decoder=True) if get is not None else model.config
@@ -134,7 +143,7 @@ def _layer_types(config: Any) -> list[str]:
     types = getattr(config, "layer_types", None)
     count = config.num_hidden_layers
     if types is None:
-        if getattr(config, "sliding_window", None) is not None:
+        if getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True):
             return [SLIDING] * count
         if getattr(config, "attention_chunk_size", None) is not None:
             return [CHUNKED] * count
