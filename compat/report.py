@@ -149,14 +149,16 @@ def build() -> dict:
         if counts.exists():
             entry["cases"] = json.loads(counts.read_text())
         folder = HERE / "results" / "probe"
-        # the probe run, then partial re-runs of it (RELEASE.TAG.xml), then the full suite, which runs the
-        # probe too inside the declared ranges: a later source replaces an earlier one's results, cell by cell
-        sources = [folder / f"{release}.xml", *sorted(folder.glob(f"{release}.*.xml")), junit]
+        # the full suite, which runs the probe too inside the declared ranges, then the probe run (every
+        # release and model type, --outside-ranges), then partial re-runs of it (RELEASE.TAG.xml): a later
+        # source replaces an earlier one's results, cell by cell, except with a skip
+        sources = [junit, folder / f"{release}.xml", *sorted(folder.glob(f"{release}.*.xml"))]
         for source in (path for path in sources if path.exists()):
             for model_type, runs in read_probe(source).items():
                 for attention, run in runs.items():
-                    if source == sources[0] or run["outcome"] != "skip":
-                        entry.setdefault("probe", {}).setdefault(model_type, {})[attention] = run
+                    found = entry.setdefault("probe", {}).setdefault(model_type, {})
+                    if attention not in found or run["outcome"] != "skip":
+                        found[attention] = run
         summary[release] = entry
     return summary
 
@@ -271,8 +273,8 @@ def _render_probe(summary: dict) -> list[str]:
         f"`hfpatch.verify` on a tiny random model of each covered model type, eager and SDPA attention, on "
         f"{len(probed)} releases ({probed[0]} to {newest}): left padding, a right-padded cached prefix + 1 "
         "token, variable prefixes and suffixes (dynamic cache, and a StaticCache where the model takes one). "
-        "In a declared range a cell comes from the full suite's run (which includes the probe) where it ran "
-        "it, below a range from the probe run. "
+        "A cell comes from the probe run (every release and model type, in the declared range or not), "
+        "or from the full suite's run where the probe has none. "
         "*ships*: the matrix releases that have it; *exact*: of those in the declared range, how many "
         f"pass (every real token within 1e-5 of its row run alone); stock and hfpatch: the largest "
         f"max|diff| over the scenarios on {newest}.",
