@@ -1,6 +1,6 @@
 """The declarations: importing this package registers them all (rotary first, then absolute, then the
-model types hfpatch knows and does not patch)."""
+decoders and encoders of encoder-decoder models, then the model types hfpatch knows and does not patch)."""
 
-from . import rotary, absolute, uncovered  # noqa: I001  (registry order = the order in status())
+from . import rotary, absolute, seq2seq, uncovered  # noqa: I001  (registry order = the order in status())
 
-__all__ = ["absolute", "rotary", "uncovered"]
+__all__ = ["absolute", "rotary", "seq2seq", "uncovered"]
