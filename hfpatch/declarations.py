@@ -17,6 +17,7 @@ __all__ = [
     "RIGHT_ON_STOCK",
     "SINUSOID",
     "TABLE",
+    "THROUGH_LANGUAGE_MODEL",
     "Adapter",
     "Family",
     "Undeclared",
@@ -115,11 +116,14 @@ class Adapter(NamedTuple):
 RIGHT_ON_STOCK = "right on stock"
 NOT_FIXABLE = "not fixable by positions"
 NOT_COVERED = "not covered"
+# a multimodal or speech wrapper whose language model is a class hfpatch patches (llava runs LlamaModel)
+THROUGH_LANGUAGE_MODEL = "through its language model"
 
 
 class Undeclared(NamedTuple):
-    """A decoder-only model type hfpatch knows and does not patch: ``right on stock``, ``not fixable
-    by positions`` or ``not covered``, and why (measured on the newest tested release)."""
+    """A model type hfpatch knows and does not patch itself: ``right on stock``, ``not fixable by
+    positions``, ``not covered``, or ``through its language model`` (a wrapper whose language model is
+    a patched class), and why (measured on the newest tested release)."""
 
     arch: str
     verdict: str

@@ -34,7 +34,7 @@ PARAMS = [
 # and decoders of encoder-decoder models outside the seq2seq mappings (those: hfpatch/adapters/seq2seq.py)
 NOT_DECODER_ONLY = {
     "bert", "bert-generation", "big_bird", "camembert", "data2vec-text", "electra", "ernie", "megatron-bert",
-    "prophetnet", "rembert", "roberta", "roberta-prelayernorm", "roc_bert", "roformer", "trocr", "xlm",
+    "rembert", "roberta", "roberta-prelayernorm", "roc_bert", "roformer", "trocr", "xlm",
     "xlm-roberta", "xlm-roberta-xl", "xlnet", "xmod",
 }  # fmt: skip
 
@@ -87,7 +87,8 @@ def test_status_lists_every_decoder_only_model_type():
 
     causal = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
     seq2seq = set(SEQ2SEQ_MODEL_TYPES)  # tests/test_decoders.py checks that each has its entry
-    assert not set(status) - causal - seq2seq, "status() lists model types transformers has no model for"
+    older = {"gptsan-japanese", "xlm-prophetnet", "pixtral"}  # mapped on 4.57.6, not on 5.24.0
+    assert not set(status) - causal - seq2seq - older, "status() lists unknown model types"
     assert causal - set(status) == NOT_DECODER_ONLY, "new or gone model types: declare or drop them"
 
 

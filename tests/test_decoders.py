@@ -15,9 +15,10 @@ import pytest
 import torch
 
 import hfpatch
+from hfpatch.support import in_range, release_has
 from hfpatch.tiny import PAD, VOCAB, tiny_seq2seq
 
-from conftest import REGISTRY, TF, arch_skip_reason, stock
+from conftest import REGISTRY, SEQ2SEQ_MODEL_TYPES, TF, arch_skip_reason, stock
 from harness import TOLERANCE, WRONG
 
 SEQ2SEQ = [name for name, adapter in REGISTRY.items() if adapter.family.seq2seq]
@@ -209,3 +210,49 @@ def _copy(cache: Any) -> Any:
     import copy
 
     return copy.deepcopy(cache)
+
+
+def test_whisper_generate_with_left_padded_decoder_prompts():
+    """Per-row decoder prompts, left-padded, in one generate() call: each row's scores and tokens are its
+    own alone. Wrong on stock 5.3-5.15 (generate() passed no decoder positions; fixed upstream in 5.16 by
+    PR #48028): the patched decoder derives them from the mask generate() extends. Elsewhere generate()
+    passes its own positions and hfpatch changes nothing."""
+    model = _model("whisper", "eager")
+    features = _encoder_input(model, 2)
+    a, b = [1, *A[:4]], [1, B[0]]
+    ids = torch.tensor([a, [PAD] * 3 + b])
+    mask = torch.tensor([[1] * 5, [0, 0, 0, 1, 1]])
+    settings = dict(max_new_tokens=4, do_sample=False, output_scores=True, return_dict_in_generate=True)
+
+    def worst() -> float:
+        with torch.no_grad():
+            batch = model.generate(features, decoder_input_ids=ids, decoder_attention_mask=mask, **settings)
+            error = 0.0
+            for r, row in enumerate((a, b)):
+                alone = model.generate(features[r : r + 1], decoder_input_ids=torch.tensor([row]), **settings)
+                error = max(
+                    error, *((s[r] - t[0]).abs().max().item() for s, t in zip(batch.scores, alone.scores))
+                )
+                new = alone.sequences[0, len(row) :].tolist()
+                if batch.sequences[r, ids.shape[1] : ids.shape[1] + len(new)].tolist() != new:
+                    error = max(error, float("inf"))  # another token: the rest is not comparable
+        return error
+
+    patched = worst()
+    with stock():
+        on_stock = worst()
+    assert patched <= TOLERANCE, f"hfpatch {patched:.2g}, stock {on_stock:.2g}"
+    if in_range(">=5.3,<5.16", TF):  # generate() passes no decoder positions there
+        assert on_stock > WRONG, f"stock is right ({on_stock:.2g}) on {TF}"
+    else:
+        assert on_stock <= TOLERANCE, f"stock is wrong ({on_stock:.2g}) on {TF}"
+
+
+def test_status_lists_every_seq2seq_model_type():
+    """Every model type of the seq2seq, speech-seq2seq and image-text-to-text mappings has its entry."""
+    status = hfpatch.status()
+    missing = sorted(set(SEQ2SEQ_MODEL_TYPES) - set(status))
+    assert not missing, f"declare these in hfpatch/adapters/seq2seq.py or wrappers.py: {missing}"
+    for name in SEQ2SEQ:
+        if release_has(REGISTRY[name]) and not arch_skip_reason(name):
+            assert status[name].state in ("applied", "waiting for import"), status[name]
