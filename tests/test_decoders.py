@@ -184,9 +184,10 @@ def test_explicit_decoder_inputs_are_untouched():
     assert torch.equal(patched, on_stock)
 
 
-def test_compiled_decoder_matches_eager():
+@pytest.mark.parametrize("name", ["bart", "t5"])  # a position table, the relative bias
+def test_compiled_decoder_matches_eager(name):
     """The handoff traces: one graph, no break, eager's result (a decode step after a padded prefix)."""
-    model = _model("bart", "eager")
+    model = _model(name, "eager")
     encoder = _encoder_input(model, 2)
     mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 1]])
     ids = torch.tensor([[15], [23]])
@@ -256,3 +257,23 @@ def test_status_lists_every_seq2seq_model_type():
     for name in SEQ2SEQ:
         if release_has(REGISTRY[name]) and not arch_skip_reason(name):
             assert status[name].state in ("applied", "waiting for import"), status[name]
+
+
+def test_revert_restores_every_class_patched_with_a_seq2seq_adapter():
+    """The decoder, its encoder and the position module get their original functions back, exactly."""
+    import importlib
+
+    adapter = REGISTRY["bart"]
+    module = importlib.import_module(adapter.module)
+    classes = [
+        (adapter.cls, "forward"),
+        *((cls, "forward") for cls in adapter.also),
+        (adapter.receiver, "forward"),
+    ]
+    hfpatch.revert("bart")
+    originals = {(cls, name): getattr(module, cls).__dict__[name] for cls, name in classes}
+    hfpatch.apply("bart")
+    patched = {(cls, name): getattr(module, cls).__dict__[name] for cls, name in classes}
+    assert all(patched[key] is not originals[key] for key in classes)
+    hfpatch.revert("bart")
+    assert all(getattr(module, cls).__dict__[name] is originals[cls, name] for cls, name in classes)

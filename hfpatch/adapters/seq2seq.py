@@ -14,8 +14,10 @@ where the positions go (:mod:`hfpatch.decoders`):
 - T5's relative bias: computed per row from positions, in every stack (encoder and decoder share the
   class; a uniform left shift cancels in the encoder, and stays exact).
 
-Each row: model type, the class patched, family, first release of its range (4.57.6 and 5.24.0
-measured, 5.5.4 too for Whisper; tests/test_decoders.py), the receiver class, the encoder classes.
+Each row: model type, the class patched, family, first release of its range, the receiver class, the
+encoder classes. Measured on 4.57.6, 5.5.4 and 5.24.0 where the release ships the model
+(tests/test_decoders.py; CohereASR on 5.24.0 only: on 5.5.4 its cached call sees an empty cache);
+the releases between were not run.
 """
 
 from ..declarations import PADDED_TABLE, RELATIVE_BIAS, SINUSOID, TABLE, Adapter, Family
@@ -104,10 +106,10 @@ ADAPTERS = register_all(
     _t5_like("pop2piano", "Pop2Piano"),
     Adapter("whisper", "WhisperDecoder", POSITION_IDS_ABSOLUTE, "4.57"),
     Adapter("t5gemma", "T5GemmaDecoder", POSITION_IDS_ROTARY, "4.57", limits=(COLUMN_WINDOW,)),
-    Adapter("t5gemma2", "T5Gemma2Decoder", POSITION_IDS_MERGED, "5.24", limits=(COLUMN_WINDOW,)),
+    Adapter("t5gemma2", "T5Gemma2Decoder", POSITION_IDS_MERGED, "5.5", limits=(COLUMN_WINDOW,)),
     Adapter("canary", "CanaryDecoder", POSITION_IDS_ABSOLUTE, "5.24"),
     Adapter("cohere_asr", "CohereAsrDecoder", POSITION_IDS_ABSOLUTE, "5.24"),
     Adapter("moonshine", "MoonshineDecoder", POSITION_IDS_ROTARY, "4.57"),
-    Adapter("moonshine_streaming", "MoonshineStreamingDecoder", POSITION_IDS_ROTARY, "5.24"),
+    Adapter("moonshine_streaming", "MoonshineStreamingDecoder", POSITION_IDS_ROTARY, "5.5"),
 )
 # fmt: on
