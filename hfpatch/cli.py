@@ -7,7 +7,7 @@ import platform
 import sys
 from collections import Counter
 from collections.abc import Sequence
-from typing import Optional
+from typing import Any, Optional
 
 from . import __version__, engine
 from .launcher import run
@@ -129,19 +129,31 @@ def architectures() -> str:
     then the model types hfpatch knows and does not patch, with the reason (docs/architectures.md)."""
     from .support import NEWEST_TESTED
 
-    registry = engine.registry()
+    registry = [a for a in engine.registry().values() if not a.family.seq2seq]
+    seq2seq = [a for a in engine.registry().values() if a.family.seq2seq]
     lines = [
-        f"{sum(1 + len(a.aliases) for a in registry.values())} model types patched ({len(registry)} "
+        f"{sum(1 + len(a.aliases) for a in registry)} decoder-only model types patched ({len(registry)} "
         f"classes), each from the first release of its tested range through {NEWEST_TESTED}.",
         "",
         "| model type (and others that run the class) | class patched | family | releases |",
         "|---|---|---|---|",
     ]
-    for adapter in sorted(registry.values(), key=lambda a: a.arch):
+    for adapter in sorted(registry, key=lambda a: a.arch):
         types = adapter.arch + "".join(f", {alias}" for alias in adapter.aliases)
-        holes = "".join(f", not {spec.removeprefix('==')}" for spec, _ in adapter.known_bad)
-        releases = f"{adapter.since} - {NEWEST_TESTED}{holes}"
-        lines.append(f"| {types} | `{adapter.cls}` | {adapter.family.name} | {releases} |")
+        lines.append(f"| {types} | `{adapter.cls}` | {adapter.family.name} | {_releases(adapter)} |")
+    lines += [
+        "",
+        f"{len(seq2seq)} encoder-decoder model types whose decoder (and, where its positions are absolute, "
+        "encoder) is patched: positions from `decoder_attention_mask` (and `attention_mask`).",
+        "",
+        "| model type | classes patched | family | positions handed to | releases |",
+        "|---|---|---|---|---|",
+    ]
+    for adapter in sorted(seq2seq, key=lambda a: a.arch):
+        classes = ", ".join(f"`{cls}`" for cls in (adapter.cls, *adapter.also))
+        receiver = f"`{adapter.receiver}`" if adapter.receiver else "the forward (`position_ids`)"
+        row = f"| {adapter.arch} | {classes} | {adapter.family.name} | {receiver} | {_releases(adapter)} |"
+        lines.append(row)
     lines += ["", "| model type not patched | verdict | why |", "|---|---|---|"]
     lines += [
         f"| `{entry.arch}` | {entry.state} | {entry.reason} |"
@@ -149,6 +161,13 @@ def architectures() -> str:
         if not entry.target
     ]
     return "\n".join(lines)
+
+
+def _releases(adapter: Any) -> str:
+    from .support import NEWEST_TESTED
+
+    holes = "".join(f", not {spec.removeprefix('==')}" for spec, _ in adapter.known_bad)
+    return f"{adapter.since} - {NEWEST_TESTED}{holes}"
 
 
 def console() -> None:

@@ -9,7 +9,22 @@ from typing import NamedTuple, Optional
 
 from .support import NEWEST_TESTED
 
-__all__ = ["NOT_COVERED", "NOT_FIXABLE", "RIGHT_ON_STOCK", "Adapter", "Family", "Undeclared"]
+__all__ = [
+    "NOT_COVERED",
+    "NOT_FIXABLE",
+    "PADDED_TABLE",
+    "RELATIVE_BIAS",
+    "RIGHT_ON_STOCK",
+    "SINUSOID",
+    "TABLE",
+    "THROUGH_LANGUAGE_MODEL",
+    "Adapter",
+    "Family",
+    "Undeclared",
+]
+
+# where a family's positions go when the patched forward takes none (Family.hands_to; hfpatch.decoders)
+TABLE, SINUSOID, PADDED_TABLE, RELATIVE_BIAS = "table", "sinusoid", "padded table", "relative bias"
 
 
 class Family(NamedTuple):
@@ -23,12 +38,25 @@ class Family(NamedTuple):
         attached_cache: attribute path from the base model to a static cache kept outside the
             forward's arguments (4.38-4.40 ``model._setup_cache``), read only to find cache slots.
         notes: (releases, what positions leave wrong there): shown by ``status()`` on those releases.
+        hands_to: where the positions go when the patched ``forward`` takes none (the decoders and
+            encoders of encoder-decoder models, :mod:`hfpatch.decoders`): ``"table"`` (a position
+            table's lookup), ``"sinusoid"`` (a sinusoid computed from positions),
+            ``"padded table"`` (a table indexed past the pad id, M2M100-style) or ``"relative
+            bias"`` (T5-style buckets, per row). ``None``: the forward takes ``position_ids``.
+        position_module: the attribute of the patched class that holds its position module (the one
+            instance that takes this call's positions); ``None`` for the relative bias, computed by
+            every attention layer of the call that has one.
+        seq2seq: inside an encoder-decoder model (its decoder, or its encoder): ``verify()`` and the
+            release probe, which run causal LMs, leave it to ``tests/test_decoders.py``.
     """
 
     name: str
     left_padding_wrong_on_stock: bool
     attached_cache: Optional[str] = None
     notes: tuple[tuple[str, str], ...] = ()
+    hands_to: Optional[str] = None
+    position_module: Optional[str] = None
+    seq2seq: bool = False
 
 
 class Adapter(NamedTuple):
@@ -51,6 +79,11 @@ class Adapter(NamedTuple):
             (``_use_sdpa``) reads False in the calling thread, so that transformers builds its eager
             4-D mask (right for any padding; attention still runs in SDPA).
         known_bad: (releases, why and the workaround): never patched there.
+        receiver: where ``family.hands_to`` is set, the class of the module that takes the positions
+            (its position module, or the attention class whose ``compute_bias`` is made per row),
+            patched with the adapter.
+        also: other classes of the module whose ``forward`` gets the same patch (the encoder of a
+            seq2seq model, whose absolute positions are wrong under left padding on stock).
     """
 
     arch: str
@@ -63,6 +96,8 @@ class Adapter(NamedTuple):
     limits: tuple[str, ...] = ()
     eager_mask: Optional[tuple[str, str]] = None
     known_bad: tuple[tuple[str, str], ...] = ()
+    receiver: Optional[str] = None
+    also: tuple[str, ...] = ()
 
     @property
     def module(self) -> str:
@@ -81,11 +116,14 @@ class Adapter(NamedTuple):
 RIGHT_ON_STOCK = "right on stock"
 NOT_FIXABLE = "not fixable by positions"
 NOT_COVERED = "not covered"
+# a multimodal or speech wrapper whose language model is a class hfpatch patches (llava runs LlamaModel)
+THROUGH_LANGUAGE_MODEL = "through its language model"
 
 
 class Undeclared(NamedTuple):
-    """A decoder-only model type hfpatch knows and does not patch: ``right on stock``, ``not fixable
-    by positions`` or ``not covered``, and why (measured on the newest tested release)."""
+    """A model type hfpatch knows and does not patch itself: ``right on stock``, ``not fixable by
+    positions``, ``not covered``, or ``through its language model`` (a wrapper whose language model is
+    a patched class), and why (measured on the newest tested release)."""
 
     arch: str
     verdict: str

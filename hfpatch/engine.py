@@ -51,7 +51,10 @@ Archs = Union[str, Iterable[str], None]
 
 
 class _State:
-    __slots__ = ("name", "pinned", "holders", "hooked", "owner", "original", "patch", "skip_reason", "switch")
+    __slots__ = (
+        "name", "pinned", "holders", "hooked", "owner", "original", "patch", "skip_reason", "switch",
+        "companions",
+    )  # fmt: skip
 
     def __init__(self, name: str) -> None:
         self.name = name  # the adapter's model type
@@ -63,6 +66,8 @@ class _State:
         self.patch: Optional[Callable] = None
         self.skip_reason: Optional[str] = None
         self.switch: Optional[tuple[str, Any]] = None  # (name, the class attribute it replaced): SdpaSwitch
+        # other classes patched with it (Adapter.also, Adapter.receiver): (class, attribute, original, patch)
+        self.companions: list[tuple[type, str, Callable, Callable]] = []
 
     @property
     def wanted(self) -> bool:
@@ -431,6 +436,7 @@ def _install(adapter: Adapter, state: _State, module: Any) -> None:
     else:
         try:
             plan = read_plan(adapter, original, owner)
+            companions = _companions(adapter, state, module)
         except TypeError as exc:
             reason = str(exc)
     if reason is not None:
@@ -451,6 +457,35 @@ def _install(adapter: Adapter, state: _State, module: Any) -> None:
         type.__setattr__(owner, name, SdpaSwitch(name))
     type.__setattr__(owner, "forward", state.patch)
     _swapped[original] = state.patch
+    for cls, name, before, patch in companions:
+        type.__setattr__(cls, name, patch)
+        if name == "forward":
+            _swapped[before] = patch
+    state.companions = companions
+
+
+def _companions(adapter: Adapter, state: _State, module: Any) -> list[tuple[type, str, Callable, Callable]]:
+    """The other classes of ``module`` patched with ``adapter`` (not installed yet): its ``also``
+    classes (a seq2seq model's encoder: the same patched forward) and its ``receiver`` (the module that
+    takes handed positions, :mod:`hfpatch.decoders`). ``TypeError`` saying what is missing."""
+    from .decoders import patch_receiver
+    from .forward import make_forward
+
+    found = []
+    for name in adapter.also:
+        cls = getattr(module, name, None)
+        before = getattr(cls, "__dict__", {}).get("forward")
+        if before is None:
+            raise TypeError(f"{module.__name__}:{name}.forward not found in this transformers release")
+        plan = read_plan(adapter._replace(cls=name), before, cls)
+        found.append((cls, "forward", before, make_forward(adapter._replace(cls=name), before, plan, state)))
+    if adapter.receiver is not None:
+        cls = getattr(module, adapter.receiver, None)
+        receiver = patch_receiver(cls, adapter.family.hands_to) if isinstance(cls, type) else None
+        if receiver is None:
+            raise TypeError(f"{module.__name__}:{adapter.receiver} not found in this transformers release")
+        found.append((cls, *receiver))
+    return found
 
 
 def _uninstall(state: _State) -> None:
@@ -460,6 +495,12 @@ def _uninstall(state: _State) -> None:
             type.__setattr__(state.owner, "forward", state.original)
             _swapped[state.patch] = state.original
         _uninstall_rotary(state.owner.__module__, state.name)
+        for cls, name, before, patch in state.companions:
+            if cls.__dict__.get(name) is patch:
+                type.__setattr__(cls, name, before)
+                if name == "forward":
+                    _swapped[patch] = before
+        state.companions = []
         if state.switch is not None:
             name, before = state.switch
             if before is None:

@@ -35,6 +35,7 @@ from typing import Any, Callable, Optional, Union
 import torch
 
 from . import caches
+from .decoders import call_with_positions
 from .engine import THREADS
 from .plans import CACHE_NAMES, NO_SLOTS, SLOTS, SLOTS_REMOVED, Plan
 from .positions import cache_positions, new_token_positions
@@ -60,6 +61,7 @@ def make_forward(adapter: Any, original: Callable, plan: Plan, switch: Any) -> C
         plan.eager_mask_attr,
         plan.window,
     )
+    family = adapter.family if adapter.family.hands_to is not None else None  # its forward takes no positions
 
     @functools.wraps(original)  # keeps __wrapped__, so inspect.signature shows the original parameters
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -72,6 +74,8 @@ def make_forward(adapter: Any, original: Callable, plan: Plan, switch: Any) -> C
             fill(self, plan, kwargs, cache)
             return _with_eager_mask(original, self, kwargs)
         derived = fill(self, plan, kwargs, cache)
+        if family is not None:  # handed to the position module instead (hfpatch.decoders)
+            return call_with_positions(self, family, original, kwargs, derived[0] if derived else None)
         if derived is not None and window is not None:
             apply_windows(self, window, cache_kw, kwargs, cache, *derived)
         return original(self, **kwargs)

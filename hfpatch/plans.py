@@ -55,7 +55,11 @@ def read_plan(adapter: Any, forward: Callable, owner: Optional[type] = None) -> 
     except (TypeError, ValueError) as exc:
         raise TypeError(f"cannot read the signature of {adapter.target}: {exc}") from exc
     names = [p.name for p in params]
-    missing = [name for name in REQUIRED if name not in names]
+    # a forward whose positions are handed to its position module (hfpatch.decoders) takes none itself
+    required = (
+        REQUIRED if adapter.family.hands_to is None else tuple(n for n in REQUIRED if n != "position_ids")
+    )
+    missing = [name for name in required if name not in names]
     if not names or names[0] != "self":
         missing.insert(0, "self")
     if missing:
@@ -81,7 +85,8 @@ def read_plan(adapter: Any, forward: Callable, owner: Optional[type] = None) -> 
         old_cache_kw=_renamed_from(forward, cache_kw),
         attached_cache=attached,
         eager_mask_attr=eager_mask[1] if in_era else None,
-        window=window_plan(owner) if owner is not None else None,
+        # a seq2seq decoder's window stays transformers' (its masks merge self and cross attention)
+        window=window_plan(owner) if owner is not None and not adapter.family.seq2seq else None,
     )
 
 

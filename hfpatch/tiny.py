@@ -13,7 +13,16 @@ import copy
 import inspect
 from typing import Any, Optional
 
-__all__ = ["FLAGSHIPS", "OVERRIDES", "SIZES", "tiny_config", "tiny_model"]
+__all__ = [
+    "FLAGSHIPS",
+    "OVERRIDES",
+    "SEQ2SEQ_OVERRIDES",
+    "SEQ2SEQ_SIZES",
+    "SIZES",
+    "tiny_config",
+    "tiny_model",
+    "tiny_seq2seq",
+]
 
 # the doctor's models, one of each kind (gemma and llama: rotary; gpt2: absolute); the full test suite
 # and the compat matrix run on them too
@@ -147,7 +156,58 @@ def tiny_model(
     return model
 
 
-def _shrunk(config_class: type, default: Any, overrides: dict, sizes: dict) -> Any:
+# what encoder-decoder configs call their sizes, on top of SIZES (tiny_seq2seq); speech encoders get 16
+# mel bins (Whisper: 32 frames, its max_source_positions doubled)
+SEQ2SEQ_SIZES = {
+    "encoder_layers": 2, "decoder_layers": 2, "num_decoder_layers": 2,
+    "encoder_attention_heads": 4, "decoder_attention_heads": 4, "num_heads": 4,
+    "encoder_ffn_dim": 128, "decoder_ffn_dim": 128, "d_ff": 128, "d_kv": 16,
+    "max_target_positions": 128, "max_source_positions": 16, "num_mel_bins": 16, "input_feat_per_channel": 16,
+    "decoder_start_token_id": 1, "forced_bos_token_id": None, "forced_eos_token_id": None, "init_std": 0.1,
+    "encoder_num_hidden_layers": 2, "decoder_num_hidden_layers": 2,
+    "encoder_num_attention_heads": 4, "decoder_num_attention_heads": 4,
+    "encoder_num_key_value_heads": 4, "decoder_num_key_value_heads": 4,
+    "subsampling_conv_channels": 16, "num_key_value_heads": 4,
+    "sliding_window": 64,  # longer than the scenarios: a seq2seq decoder's window stays transformers'
+
+}  # fmt: skip
+# per model type, on top (untied LM heads give large logits at init: float noise would pass 1e-5)
+SEQ2SEQ_OVERRIDES: dict[str, dict[str, Any]] = {
+    "mt5": {"initializer_factor": 0.25},
+    "moonshine_streaming": {"num_key_value_heads": 4},
+}
+_SEQ2SEQ_SUB_CONFIGS = (*_SUB_CONFIGS, "encoder_config", "decoder_config", "encoder", "decoder")
+
+
+def tiny_seq2seq(model_type: str, seed: int = 0, attention: Optional[str] = None, **overrides: Any) -> Any:
+    """A tiny random-weight encoder-decoder model of ``model_type`` (text-to-text where transformers has
+    one, else speech-to-text), fp32, eval mode: :data:`SIZES` and :data:`SEQ2SEQ_SIZES` shrink it."""
+    import torch
+    import transformers
+    from transformers.models.auto import modeling_auto
+
+    default = transformers.AutoConfig.for_model(model_type)
+    fields = {**SEQ2SEQ_OVERRIDES.get(model_type, {}), **overrides}
+    config = _shrunk(
+        type(default), default, copy.deepcopy(fields), {**SIZES, **SEQ2SEQ_SIZES}, _SEQ2SEQ_SUB_CONFIGS
+    )
+    if attention is not None:
+        config._attn_implementation = attention
+    torch.manual_seed(seed)
+    text = getattr(modeling_auto, "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES", {})
+    auto = (
+        transformers.AutoModelForSeq2SeqLM if model_type in text else transformers.AutoModelForSpeechSeq2Seq
+    )
+    return auto.from_config(config).float().eval()
+
+
+def _shrunk(
+    config_class: type,
+    default: Any,
+    overrides: dict,
+    sizes: dict,
+    sub_configs: tuple[str, ...] = _SUB_CONFIGS,
+) -> Any:
     kwargs = {
         name: value
         for name, value in sizes.items()
@@ -156,10 +216,10 @@ def _shrunk(config_class: type, default: Any, overrides: dict, sizes: dict) -> A
     if _field(default, "kv_lora_rank") is not None:  # MLA: one KV head per query head
         kwargs["num_key_value_heads"] = sizes["num_attention_heads"]
     params = inspect.signature(config_class.__init__).parameters
-    for name in _SUB_CONFIGS:
+    for name in sub_configs:
         sub = _field(default, name)
         if sub is not None and hasattr(sub, "to_dict"):
-            kwargs[name] = _shrunk(type(sub), sub, overrides.pop(name, {}), sizes).to_dict()
+            kwargs[name] = _shrunk(type(sub), sub, overrides.pop(name, {}), sizes, sub_configs).to_dict()
         elif sub is None and name not in params:
             overrides.pop(name, None)  # a sub-config override for the wrapper an alias has (see tiny_config)
     kwargs.update(overrides)

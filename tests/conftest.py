@@ -49,6 +49,27 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 REGISTRY = hfpatch.registry()
+# the mappings whose model types status() lists besides the decoder-only ones: their decoders (and
+# encoders), or why they are not patched (hfpatch/adapters/seq2seq.py)
+SEQ2SEQ_MAPPINGS = (
+    "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
+    "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES",
+    "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES",
+)
+
+
+def _seq2seq_model_types() -> dict[str, str]:
+    """Model type -> its class, in the three mappings of the installed release (first mapping wins)."""
+    from transformers.models.auto import modeling_auto
+
+    types: dict[str, str] = {}
+    for name in SEQ2SEQ_MAPPINGS:
+        for model_type, cls in getattr(modeling_auto, name, {}).items():
+            types.setdefault(model_type, cls)
+    return types
+
+
+SEQ2SEQ_MODEL_TYPES = _seq2seq_model_types()
 MULTIPLE_CHOICE = {"gpt2": "GPT2DoubleHeadsModel"}  # [batch, choices, tokens] inputs, left to stock
 
 

@@ -1,6 +1,7 @@
 """The declarations: importing this package registers them all (rotary first, then absolute, then the
-model types hfpatch knows and does not patch)."""
+decoders and encoders of encoder-decoder models, then the model types hfpatch knows and does not patch:
+decoder-only ones, then those of the seq2seq, speech and image-text mappings)."""
 
-from . import rotary, absolute, uncovered  # noqa: I001  (registry order = the order in status())
+from . import rotary, absolute, seq2seq, uncovered, wrappers  # noqa: I001  (registry order = the order in status())
 
-__all__ = ["absolute", "rotary", "uncovered"]
+__all__ = ["absolute", "rotary", "seq2seq", "uncovered", "wrappers"]

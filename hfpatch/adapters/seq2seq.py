@@ -1,0 +1,115 @@
+"""The decoders (and encoders) of encoder-decoder models: text-to-text, speech-to-text.
+
+Their forward is called by the seq2seq model with ``attention_mask=decoder_attention_mask`` (past + new
+tokens, as a decoder-only model's mask), so positions come from it the same way. Four families, by
+where the positions go (:mod:`hfpatch.decoders`):
+
+- the forward takes ``position_ids`` (Whisper, T5Gemma, Canary, Moonshine ...): the seq2seq model
+  passes ``decoder_position_ids`` through, ``None`` unless the caller gave them; the patched decoder
+  derives them, as for a decoder-only base model;
+- a position table (the BART family): handed to the decoder's ``embed_positions``, and the encoder's
+  (whose absolute positions are wrong under left padding on stock too);
+- a table that starts past the pad id (M2M100, NLLB-MoE, SeamlessM4T, Speech2Text): left padding is
+  right on stock when pads carry the pad id, a padded cached prefix is not; decoder only;
+- T5's relative bias: computed per row from positions, in every stack (encoder and decoder share the
+  class; a uniform left shift cancels in the encoder, and stays exact).
+
+Each row: model type, the class patched, family, first release of its range, the receiver class, the
+encoder classes. Measured on 4.57.6, 5.5.4 and 5.24.0 where the release ships the model
+(tests/test_decoders.py; CohereASR on 5.24.0 only: on 5.5.4 its cached call sees an empty cache);
+the releases between were not run.
+"""
+
+from ..declarations import PADDED_TABLE, RELATIVE_BIAS, SINUSOID, TABLE, Adapter, Family
+from ..engine import register_all
+
+POSITION_IDS_ABSOLUTE = Family("absolute decoder", left_padding_wrong_on_stock=True, seq2seq=True)
+POSITION_IDS_ROTARY = Family("rotary decoder", left_padding_wrong_on_stock=False, seq2seq=True)
+# RoPE, but self and cross attention merged in one softmax: rotated queries meet un-rotated encoder keys,
+# so a query's absolute position matters and left padding is wrong on stock too (T5Gemma 2)
+POSITION_IDS_MERGED = Family(
+    "rotary decoder, merged attention", left_padding_wrong_on_stock=True, seq2seq=True
+)
+COLUMN_WINDOW = (
+    "sliding window: decided by cache column (transformers'), so a hole from a padded cached prefix inside "
+    "the window stays wrong; prefixes shorter than the window are exact"
+)
+POSITION_TABLE = Family(
+    "position table",
+    left_padding_wrong_on_stock=True,
+    hands_to=TABLE,
+    position_module="embed_positions",
+    seq2seq=True,
+)
+POSITION_SINUSOID = Family(
+    "computed sinusoid", left_padding_wrong_on_stock=True, hands_to=SINUSOID, position_module="embed_positions",
+    seq2seq=True,
+)  # fmt: skip
+PADDED_POSITION_TABLE = Family(
+    "table past the pad id", left_padding_wrong_on_stock=False, hands_to=PADDED_TABLE,
+    position_module="embed_positions", seq2seq=True,
+)  # fmt: skip
+RELATIVE_POSITION_BIAS = Family(
+    "relative bias", left_padding_wrong_on_stock=False, hands_to=RELATIVE_BIAS, seq2seq=True
+)
+
+
+def _bart_like(
+    arch: str, prefix: str, table: str = "LearnedPositionalEmbedding", since: str = "4.57"
+) -> Adapter:
+    return Adapter(
+        arch,
+        f"{prefix}Decoder",
+        POSITION_TABLE,
+        since,
+        receiver=f"{prefix}{table}",
+        also=(f"{prefix}Encoder",),
+    )
+
+
+def _padded(arch: str, prefix: str, since: str = "4.57") -> Adapter:
+    return Adapter(
+        arch,
+        f"{prefix}Decoder",
+        PADDED_POSITION_TABLE,
+        since,
+        receiver=f"{prefix}SinusoidalPositionalEmbedding",
+    )
+
+
+def _t5_like(arch: str, prefix: str, since: str = "4.57") -> Adapter:
+    return Adapter(arch, f"{prefix}Stack", RELATIVE_POSITION_BIAS, since, receiver=f"{prefix}Attention")
+
+
+# fmt: off
+ADAPTERS = register_all(
+    _bart_like("bart", "Bart"),
+    _bart_like("mbart", "MBart"),
+    _bart_like("plbart", "PLBart"),
+    _bart_like("mvp", "Mvp"),
+    _bart_like("blenderbot", "Blenderbot"),
+    _bart_like("blenderbot-small", "BlenderbotSmall"),
+    _bart_like("bigbird_pegasus", "BigBirdPegasus"),
+    _bart_like("marian", "Marian", table="SinusoidalPositionalEmbedding"),
+    _bart_like("pegasus", "Pegasus", table="SinusoidalPositionalEmbedding"),
+    Adapter("pegasus_x", "PegasusXDecoder", POSITION_SINUSOID, "4.57", receiver="PegasusXSinusoidalPositionalEmbedding", also=("PegasusXEncoder",)),
+    _padded("m2m_100", "M2M100"),
+    _padded("nllb-moe", "NllbMoe"),
+    _padded("seamless_m4t", "SeamlessM4T"),
+    _padded("seamless_m4t_v2", "SeamlessM4Tv2"),
+    Adapter("speech_to_text", "Speech2TextDecoder", PADDED_POSITION_TABLE, "4.57", receiver="Speech2TextSinusoidalPositionalEmbedding"),
+    _t5_like("t5", "T5"),
+    _t5_like("mt5", "MT5"),
+    _t5_like("umt5", "UMT5"),
+    _t5_like("longt5", "LongT5"),
+    _t5_like("switch_transformers", "SwitchTransformers"),
+    _t5_like("pop2piano", "Pop2Piano"),
+    Adapter("whisper", "WhisperDecoder", POSITION_IDS_ABSOLUTE, "4.57"),
+    Adapter("t5gemma", "T5GemmaDecoder", POSITION_IDS_ROTARY, "4.57", limits=(COLUMN_WINDOW,)),
+    Adapter("t5gemma2", "T5Gemma2Decoder", POSITION_IDS_MERGED, "5.5", limits=(COLUMN_WINDOW,)),
+    Adapter("canary", "CanaryDecoder", POSITION_IDS_ABSOLUTE, "5.24"),
+    Adapter("cohere_asr", "CohereAsrDecoder", POSITION_IDS_ABSOLUTE, "5.24"),
+    Adapter("moonshine", "MoonshineDecoder", POSITION_IDS_ROTARY, "4.57"),
+    Adapter("moonshine_streaming", "MoonshineStreamingDecoder", POSITION_IDS_ROTARY, "5.5"),
+)
+# fmt: on

@@ -1,0 +1,144 @@
+"""The model types of transformers' seq2seq, speech-seq2seq and image-text-to-text mappings that no
+seq2seq adapter patches (hfpatch/adapters/seq2seq.py patches the rest), each with its verdict, measured
+on 5.24.0 with tiny models (research: decoders-5.24.md), or "not measured" with what is known:
+
+- ``through its language model``: a wrapper whose language model is a class hfpatch patches (LLaVA runs
+  ``LlamaModel``): fixed, measured (a right-padded prefix continued from the cache, text only);
+- ``not fixable by positions``: measured wrong with the right positions too;
+- ``not covered``: positions would fix it (by hand), or it was not measured (the reason says which).
+"""
+
+from ..declarations import NOT_COVERED, NOT_FIXABLE, THROUGH_LANGUAGE_MODEL, Undeclared
+from ..engine import declare_all
+
+MEASURED = "measured fixed on 5.24.0 (text only; the image/audio path not measured)"
+QWEN_VL = (
+    "Qwen-VL-style wrapper: positions from the mask only after a multimodal prefill set rope_deltas; text "
+    "only, the text model counts arange (positions by hand fix it)"
+)
+OWN_ARANGE = "the wrapper passes its own arange(past, past + new) positions to the patched {}, so the patch never derives any"
+SEQ2SEQ_WRAPPER = (
+    "runs the decoder of its decoder config: a patched decoder-only class (GPT-2 ...: measured fixed on 5.24.0) "
+    "or BERT as a decoder (BertLMHeadModel: not covered; decoder positions by hand fix it)"
+)
+NOT_MEASURED = "not measured ({})"
+
+
+def _through(arch: str, adapter: str, cls: str) -> Undeclared:
+    return Undeclared(
+        arch, THROUGH_LANGUAGE_MODEL, f"runs {cls}, patched by the {adapter!r} adapter; {MEASURED}"
+    )
+
+
+def _unmeasured(arch: str, why: str) -> Undeclared:
+    return Undeclared(arch, NOT_COVERED, NOT_MEASURED.format(why))
+
+
+def _language_model(arch: str, adapter: str) -> Undeclared:
+    """A wrapper not measured whose default language model is a patched class."""
+    return _unmeasured(
+        arch, f"its default language model is patched by the {adapter!r} adapter; the wrapper is not checked"
+    )
+
+
+# fmt: off
+UNDECLARED = declare_all(
+    # seq2seq and speech-seq2seq
+    _through("audioflamingo3", "qwen2", "Qwen2Model"),
+    _through("glmasr", "llama", "LlamaModel"),
+    _through("granite_speech", "granite", "GraniteModel"),
+    _through("granite_speech_plus", "granite", "GraniteModel"),
+    _through("musicflamingo", "qwen2", "Qwen2Model"),
+    _through("omniasr", "llama", "LlamaModel"),
+    _through("qwen2_audio", "qwen2", "Qwen2Model"),
+    _through("qwen3_asr", "qwen3", "Qwen3Model"),
+    _through("voxtral", "llama", "LlamaModel"),
+    _through("fun_asr_nano", "qwen3", "Qwen3Model"),
+    Undeclared("encoder-decoder", THROUGH_LANGUAGE_MODEL, SEQ2SEQ_WRAPPER),
+    Undeclared("speech-encoder-decoder", THROUGH_LANGUAGE_MODEL, SEQ2SEQ_WRAPPER),
+    Undeclared("led", NOT_FIXABLE, "LEDDecoder builds its causal mask only for more than one new token: a 1-token step attends a cached pad whatever the positions (a left-padded prompt in one call would be fixed)"),
+    Undeclared("fsmt", NOT_FIXABLE, "not self-consistent on 5.24 (right padding in one call, and each row alone through the cache, are off already): positions cannot be assessed"),
+    Undeclared("prophetnet", NOT_FIXABLE, "n-gram stream decoder: right padding in one call and each row alone through the cache are off already; its position module returns a tuple"),
+    Undeclared("xlm-prophetnet", NOT_FIXABLE, "ProphetNet's n-gram stream decoder (see prophetnet)"),
+    Undeclared("nemo_speechlm", NOT_FIXABLE, "its language model is NemotronH: a Mamba2 state absorbs pads"),
+    Undeclared("dia", NOT_COVERED, "decoder inputs are [batch, tokens, channels] audio codes, which hfpatch's filler does not read; decoder_position_ids by hand fix it"),
+    Undeclared("speecht5", NOT_COVERED, "positions come from the text prenet's table past the pad id, inside a decoder that takes hidden states: not patched yet (positions handed to the prenet's table fix it)"),
+    _unmeasured("vibevoice_asr", "its tiny model is too big to build"),
+    _unmeasured("vibevoice", "its tiny model is too big to build"),
+    _unmeasured("voxtral_realtime", "needs encoder inputs the probe did not build"),
+    _unmeasured("kyutai_speech_to_text", "its tiny model fails a plain call"),
+    _unmeasured("gptsan-japanese", "removed in 5.0"),
+    # image-text-to-text: measured (decoders-5.24.md, part C)
+    _through("llava", "llama", "LlamaModel"),
+    _through("llava_next", "llama", "LlamaModel"),
+    _through("llava_next_video", "llama", "LlamaModel"),
+    _through("llava_onevision", "qwen2", "Qwen2Model"),
+    _through("video_llava", "llama", "LlamaModel"),
+    _through("vipllava", "llama", "LlamaModel"),
+    _through("idefics2", "mistral", "MistralModel"),
+    _through("idefics3", "llama", "LlamaModel"),
+    _through("smolvlm", "llama", "LlamaModel"),
+    _through("mistral3", "mistral", "MistralModel"),
+    _through("aya_vision", "cohere2", "Cohere2Model"),
+    _through("cohere2_vision", "cohere2", "Cohere2Model"),
+    _through("internvl", "qwen2", "Qwen2Model"),
+    _through("ovis2", "qwen2", "Qwen2Model"),
+    _through("janus", "llama", "LlamaModel"),
+    _through("deepseek_vl", "llama", "LlamaModel"),
+    _through("lighton_ocr", "qwen3", "Qwen3Model"),
+    _through("shieldgemma2", "gemma3", "Gemma3Model"),
+    Undeclared("paligemma", NOT_COVERED, OWN_ARANGE.format("GemmaModel")),
+    Undeclared("exaone4_5", NOT_COVERED, OWN_ARANGE.format("Exaone4Model")),
+    Undeclared("qwen2_vl", NOT_COVERED, QWEN_VL),
+    Undeclared("qwen2_5_vl", NOT_COVERED, QWEN_VL),
+    Undeclared("qwen3_vl", NOT_COVERED, QWEN_VL),
+    Undeclared("qwen3_vl_moe", NOT_COVERED, QWEN_VL),
+    Undeclared("glm4v", NOT_COVERED, QWEN_VL),
+    Undeclared("glm46v", NOT_COVERED, QWEN_VL),
+    Undeclared("glmga", NOT_COVERED, QWEN_VL + " (runs Glm46VForConditionalGeneration)"),
+    Undeclared("paddleocr_vl", NOT_COVERED, QWEN_VL),
+    Undeclared("hunyuan_vl", NOT_COVERED, QWEN_VL),
+    Undeclared("chameleon", NOT_COVERED, "ChameleonModel is not declared yet: positions by hand fix it"),
+    Undeclared("granite_docling", NOT_COVERED, "its text model is not declared yet: positions by hand fix it"),
+    Undeclared("lfm2_vl", NOT_FIXABLE, "its language model is LFM2: short convolutions see pads"),
+    Undeclared("lfm3_vl", NOT_FIXABLE, "its language model is LFM3: short convolutions see pads (not measured)"),
+    _unmeasured("qwen2_5_omni_thinker", "a cached call fails with its tiny config"),
+    _unmeasured("perception_lm", "its vision tower needs timm and PIL; its default language model is patched by the 'llama' adapter"),
+    _unmeasured("fast_vlm", "its vision tower needs timm and PIL; its default language model is patched by the 'qwen2' adapter"),
+    _unmeasured("blip-2", "needs image inputs; its default language model, OPT, is right on stock"),
+    _unmeasured("instructblip", "needs image inputs; its default language model, OPT, is right on stock"),
+    _unmeasured("instructblipvideo", "needs video inputs; its default language model, OPT, is right on stock"),
+    _unmeasured("kosmos-2", "needs image inputs"),
+    _unmeasured("apertus1p5", "its tiny model is too big to build; its text model is patched by the 'apertus1p5_text' adapter"),
+    # image-text-to-text: not measured
+    _language_model("aria", "aria_text"),
+    _language_model("cohere_compass", "cohere_compass_text"),
+    _language_model("deepseek_vl_hybrid", "llama"),
+    _language_model("hyperclovax_vision_v2", "hyperclovax"),
+    _language_model("kimi_k25", "deepseek_v3"),
+    _language_model("minimax_m3_vl", "minimax_m3_vl_text"),
+    _language_model("pp_chart2table", "qwen2"),
+    _language_model("qianfan_ocr", "qwen3"),
+    _language_model("video_llama_3", "qwen2"),
+    _language_model("florence2", "bart"),
+    _language_model("pixtral", "mistral"),
+    _unmeasured("minicpm_ocr", "its language model is Qwen3.5: Gated DeltaNet layers absorb pads"),
+    _unmeasured("minicpmv4_6", "its language model is Qwen3.5: Gated DeltaNet layers absorb pads"),
+    _unmeasured("minicpmv4_7", "its language model is Qwen3.5: Gated DeltaNet layers absorb pads"),
+    _unmeasured("nemotron_h_omni", "its language model is NemotronH: a Mamba2 state absorbs pads"),
+    _unmeasured("inkling2", "its text model is not fixable by positions (inkling2_text)"),
+    _unmeasured("inkling2_loop", "its text model is not fixable by positions (inkling2_loop_text)"),
+    _unmeasured("inkling_mm_model", "its text model is not fixable by positions (inkling_text)"),
+    _unmeasured("udop", "a T5-style encoder-decoder with layout inputs; UdopStack is not declared"),
+    _unmeasured("vision-encoder-decoder", "runs the decoder of its decoder config (see encoder-decoder)"),
+    *(
+        _unmeasured(arch, "its text model is not declared")
+        for arch in (
+            "blip", "cosmos3_edge", "cosmos3_omni", "deepseek_ocr2", "diffusion_gemma", "ernie4_5_vl_moe",
+            "evolla", "glm4v_moe", "glm5_next", "glm_ocr", "granite4_vision", "hy_v4_vl", "idefics",
+            "kosmos-2.5", "mistral4", "mistral_large4", "molmo2", "muse_glimmer", "muse_spark", "pi0",
+            "pix2struct", "pp_formulanet", "qwen3_omni_moe_thinker", "step3p7", "unlimited_ocr",
+        )
+    ),
+)
+# fmt: on

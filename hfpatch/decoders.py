@@ -1,0 +1,157 @@
+"""Positions for decoders (and encoders) whose ``forward`` takes none: the BART, M2M100 and T5 families.
+
+Their forward counts ``arange(past, past + new)`` (or, M2M100-style, non-pad ids plus the past length,
+which counts a padded prefix's holes) and hands that to its position module, or builds T5's relative
+bias from cache columns. No argument reaches it, so the patched ``forward`` derives the positions from
+the 2-D mask as for every other model (:mod:`hfpatch.forward`), then hands them to the one module that
+uses them, for the duration of the call:
+
+1. the patched ``forward`` puts ``Pending(module, positions, mask)`` in a thread-local slot
+   (:data:`HANDOFF`) and calls the original; the slot is restored when it returns or raises;
+2. the receiver class (``Adapter.receiver``) is patched with the adapter: its method looks at the
+   slot, and where it holds positions for this very module (``module is self``; for the relative bias,
+   any layer of the call whose key length matches the mask), returns what it would return for them,
+   by its family's ``hands_to``:
+
+   - ``table``: the position table's rows ``weight[positions + offset]`` (BART's learned table with its
+     offset of 2, Blenderbot's, Marian's and Pegasus's fixed sinusoids);
+   - ``sinusoid``: the module's own sinusoid computed at the positions (Pegasus-X), called with the
+     batch's positions as one row;
+   - ``padded table``: ``weights[positions + padding_idx + 1]`` (M2M100, NLLB-MoE, SeamlessM4T,
+     Speech2Text: the table starts past the pad id; the original still runs first, for the table's
+     growth);
+   - ``relative bias``: each row's bias from its own positions, ``bias(key position - query
+     position)``, gathered from one call of the release's own ``compute_bias`` over every offset the
+     call can have (``1 x (2 * keys - 1)``), so that buckets and directions stay the release's.
+
+Elsewhere (no slot, another module, a shape that does not match), the original runs unchanged.
+Compile-safe: a thread-local read, an identity test and shapes; no ``.item()``, no branch on tensor
+values (dynamo traces the slot as a Python object: one graph, guarded on the slot being empty at entry).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+from typing import Any, Callable, NamedTuple, Optional
+
+import torch
+
+from .declarations import PADDED_TABLE, RELATIVE_BIAS, SINUSOID, TABLE
+from .positions import positions_from_mask
+
+__all__ = ["HANDOFF", "HANDS_TO", "Pending", "call_with_positions", "patch_receiver"]
+
+
+class Pending(NamedTuple):
+    """Positions derived by a patched forward, waiting for the module that uses them."""
+
+    module: Any  # the position module that takes them; None: any relative-bias layer of the call
+    positions: torch.Tensor  # [batch, new] int64: the new tokens' positions
+    mask: torch.Tensor  # [batch, past + new]: the 2-D mask they come from (the relative bias reads keys')
+
+
+class _Handoff(threading.local):
+    pending: Optional[Pending] = None
+
+
+HANDOFF = _Handoff()
+
+
+def call_with_positions(
+    model: Any, family: Any, original: Callable, kwargs: dict, mask: Optional[torch.Tensor]
+) -> Any:
+    """Call ``original`` with the positions the filler put in ``kwargs["position_ids"]`` handed to the
+    model's position module (or relative bias) instead of passed: its forward takes none."""
+    positions = kwargs.pop("position_ids", None) if mask is not None else None
+    if positions is None:  # nothing derived (explicit position_ids, no mask, a 4-D mask): stock
+        return original(model, **kwargs)
+    module = getattr(model, family.position_module) if family.position_module is not None else None
+    before = HANDOFF.pending
+    HANDOFF.pending = Pending(module, positions, mask)
+    try:
+        return original(model, **kwargs)
+    finally:
+        HANDOFF.pending = before
+
+
+# --- the receivers: one per ``Family.hands_to`` --------------------------------------------------
+
+
+def _table(original: Callable) -> Callable:
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        pending = HANDOFF.pending
+        if pending is None or pending.module is not self:
+            return original(self, *args, **kwargs)
+        return torch.nn.functional.embedding(pending.positions + getattr(self, "offset", 0), self.weight)
+
+    return forward
+
+
+def _sinusoid(original: Callable) -> Callable:
+    def forward(self: Any, embeds: Any, *args: Any, **kwargs: Any) -> Any:
+        pending = HANDOFF.pending
+        if pending is None or pending.module is not self:
+            return original(self, embeds, *args, **kwargs)
+        batch, new = pending.positions.shape
+        row = embeds.reshape(1, batch * new, embeds.shape[-1])  # the batch's tokens as one row
+        table = original(self, row, 0, pending.positions.reshape(-1, 1))
+        return table.reshape(batch, new, -1)
+
+    return forward
+
+
+def _padded_table(original: Callable) -> Callable:
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        pending = HANDOFF.pending
+        if pending is None or pending.module is not self:
+            return original(self, *args, **kwargs)
+        stock = original(self, *args, **kwargs)  # grows the table where the call needs it
+        index = (pending.positions + (self.padding_idx + 1)).reshape(-1)
+        return self.weights.index_select(0, index).view(*pending.positions.shape, -1).to(stock.dtype)
+
+    return forward
+
+
+def _relative_bias(original: Callable) -> Callable:
+    offset_name = list(inspect.signature(original).parameters)[4]  # past_seen_tokens (5.x), cache_position
+
+    def compute_bias(
+        self: Any, query_length: Any, key_length: Any, device: Any = None, *args: Any, **kw: Any
+    ) -> Any:
+        pending = HANDOFF.pending
+        if pending is None or pending.module is not None or key_length != pending.mask.shape[1]:
+            return original(self, query_length, key_length, device, *args, **kw)
+        keys = key_length
+        device = device if device is not None else self.relative_attention_bias.weight.device
+        # one query at position keys - 1 against keys 0 .. 2 * keys - 2: the bias of every offset
+        # -(keys - 1) .. keys - 1, by the release's own buckets
+        at = keys - 1 if offset_name != "cache_position" else torch.full((1,), keys - 1, device=device)
+        every = original(self, 1, 2 * keys - 1, device, **{offset_name: at})[0, :, 0]  # [heads, 2 * keys - 1]
+        columns = positions_from_mask(pending.mask).to(device)  # [batch, keys]
+        queries = pending.positions.to(device)  # [batch, new]
+        offsets = columns[:, None, :] - queries[:, :, None] + (keys - 1)  # [batch, new, keys]
+        return every[:, offsets].permute(1, 0, 2, 3)  # [batch, heads, new, keys]
+
+    return compute_bias
+
+
+HANDS_TO: dict[str, tuple[str, Callable[[Callable], Callable]]] = {
+    TABLE: ("forward", _table),
+    SINUSOID: ("forward", _sinusoid),
+    PADDED_TABLE: ("forward", _padded_table),
+    RELATIVE_BIAS: ("compute_bias", _relative_bias),
+}
+
+
+def patch_receiver(owner: type, hands_to: str) -> Optional[tuple[str, Callable, Callable]]:
+    """The method of ``owner`` (a receiver class) that takes handed positions, patched: (name, original,
+    patch); None where the class has no such method of its own."""
+    name, make = HANDS_TO[hands_to]
+    original = owner.__dict__.get(name)
+    if original is None:
+        return None
+    patch = functools.wraps(original)(make(original))
+    patch.__hfpatch_receiver__ = True  # type: ignore[attr-defined]
+    return name, original, patch

@@ -1,0 +1,279 @@
+"""The decoders (and encoders) of encoder-decoder models: stock transformers is wrong, hfpatch is exact.
+
+Every seq2seq adapter (hfpatch/adapters/seq2seq.py) on a tiny random model, eager and SDPA: a
+left-padded decoder prompt in one call, a right-padded decoder prefix continued from the cache by one
+and by two tokens, and (where the encoder's positions are absolute) a left-padded encoder input. The
+reference is written here by hand: each row run alone, unpadded decoder input, the same encoder input,
+one call, no mask.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+import hfpatch
+from hfpatch.support import in_range, release_has
+from hfpatch.tiny import PAD, VOCAB, tiny_seq2seq
+
+from conftest import REGISTRY, SEQ2SEQ_MODEL_TYPES, TF, arch_skip_reason, stock
+from harness import TOLERANCE, WRONG
+
+SEQ2SEQ = [name for name, adapter in REGISTRY.items() if adapter.family.seq2seq]
+QUICK = {"bart", "m2m_100", "t5", "whisper"}  # one per family
+A, B = [11, 12, 13, 14, 15], [21, 22, 23]  # the two decoder rows (the decoder start token first on neither)
+
+# name: (rows' tokens per call, left-padded in each call); rows A (5 tokens) and B (3)
+SCENARIOS = {
+    "left-padded prompt": (((5, 3),), ((True, True),)),
+    "right-padded prefix + 1": (((4, 2), (1, 1)), ((False, False), (False, False))),
+    "right-padded prefix + 2": (((3, 1), (2, 2)), ((False, False), (False, False))),
+}
+
+
+def _params() -> list[Any]:
+    return [
+        pytest.param(
+            name, attention, id=f"{name}-{attention}", marks=() if name in QUICK else pytest.mark.slow
+        )
+        for name in SEQ2SEQ
+        for attention in ("eager", "sdpa")
+    ]
+
+
+_models: dict[tuple[str, str], Any] = {}
+
+
+def _model(name: str, attention: str) -> Any:
+    reason = arch_skip_reason(name)
+    if reason:
+        pytest.skip(reason)
+    if (name, attention) not in _models:
+        try:
+            _models[name, attention] = tiny_seq2seq(name, attention=attention)
+        except (ValueError, ImportError) as exc:
+            if attention == "sdpa" and ("sdpa" in str(exc).lower() or "scaled_dot_product" in str(exc)):
+                pytest.skip(f"{name} does not support SDPA in transformers {TF}: {str(exc)[:200]}")
+            raise
+    return _models[name, attention]
+
+
+def _encoder_input(model: Any, rows: int, seed: int = 0) -> torch.Tensor:
+    """Random encoder inputs, one per row, none padded: token ids, features or raw audio."""
+    generator = torch.Generator().manual_seed(seed)
+    config, name = model.config, model.main_input_name
+    if name == "input_ids":
+        return torch.randint(3, VOCAB, (rows, 5), generator=generator)
+    if name == "input_values":  # raw audio (Moonshine)
+        return torch.randn(rows, 4000, generator=generator)
+    if config.model_type == "whisper":  # mel bins x frames (twice the encoder's positions)
+        return torch.randn(rows, config.num_mel_bins, 2 * config.max_source_positions, generator=generator)
+    features = getattr(getattr(config, "encoder_config", None), "num_mel_bins", None)  # Parakeet encoders
+    if features is None:
+        features = config.input_feat_per_channel * config.input_channels  # Speech2Text
+    return torch.randn(rows, 64, features, generator=generator)  # frames x features
+
+
+def _cache_of(output: Any) -> Any:
+    for key in ("cache", "past_key_values"):
+        if key in output.keys():
+            return output[key]
+    return None
+
+
+def _alone(model: Any, encoder_row: torch.Tensor, row: list[int]) -> torch.Tensor:
+    """One row's decoder logits: its encoder input, its decoder tokens unpadded, one call, stock."""
+    with torch.no_grad(), hfpatch.unpatched():
+        inputs = {model.main_input_name: encoder_row[None], "decoder_input_ids": torch.tensor([row])}
+        return model(**inputs).logits[0]
+
+
+def _padded(model: Any, encoder: torch.Tensor, chunks: tuple, left: tuple) -> list[torch.Tensor]:
+    """Rows A and B as one padded decoder batch, split into cached calls; each row's real-token logits."""
+    rows, done, columns = (A, B), [0, 0], [[], []]
+    logits: list[list[torch.Tensor]] = [[], []]
+    cache = None
+    for counts, lefts in zip(chunks, left):
+        width, ids = max(counts), []
+        real = []
+        for r, (count, on_left) in enumerate(zip(counts, lefts)):
+            tokens = rows[r][done[r] : done[r] + count]
+            pads = [PAD] * (width - count)
+            ids.append(pads + tokens if on_left else tokens + pads)
+            real.append(range(width - count, width) if on_left else range(count))
+            columns[r] += [1 if i in real[r] else 0 for i in range(width)]
+            done[r] += count
+        inputs = {
+            model.main_input_name: encoder,
+            "decoder_input_ids": torch.tensor(ids),
+            "decoder_attention_mask": torch.tensor(columns),  # past + new tokens
+        }
+        if cache is not None:
+            inputs["past_key_values"] = cache
+        with torch.no_grad():
+            out = model(**inputs)
+        cache = _cache_of(out)
+        for r in range(2):
+            logits[r] += [out.logits[r, i] for i in real[r]]
+    return [torch.stack(row) for row in logits]
+
+
+def _decoder_error(model: Any, chunks: tuple, left: tuple) -> float:
+    encoder = _encoder_input(model, 2)
+    got = _padded(model, encoder, chunks, left)
+    return max((_alone(model, encoder[r], row) - got[r]).abs().max().item() for r, row in enumerate((A, B)))
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+@pytest.mark.parametrize("name, attention", _params())
+def test_decoder_rows_equal_themselves_alone(name, attention, scenario):
+    model = _model(name, attention)
+    chunks, left = SCENARIOS[scenario]
+    patched = _decoder_error(model, chunks, left)
+    with stock():
+        on_stock = _decoder_error(model, chunks, left)
+    assert patched <= TOLERANCE, (
+        f"{name} ({attention}), {scenario}: hfpatch {patched:.2g}, stock {on_stock:.2g}"
+    )
+    wrong_on_stock = scenario != "left-padded prompt" or REGISTRY[name].family.left_padding_wrong_on_stock
+    if wrong_on_stock:
+        assert on_stock > WRONG, (
+            f"{name}, {scenario}: stock is right ({on_stock:.2g}): the declaration is stale"
+        )
+
+
+ENCODERS = [
+    pytest.param(name, id=name, marks=() if name in QUICK else pytest.mark.slow)
+    for name in SEQ2SEQ
+    if REGISTRY[name].also or REGISTRY[name].family.hands_to == "relative bias"
+]
+
+
+def _encoder_error(model: Any) -> float:
+    """A left-padded encoder input (attention_mask), decoder unpadded: the padded row against itself alone."""
+    encoder = torch.tensor([[31, 32, 33, 34, 35], [PAD, PAD, 41, 42, 43]])
+    mask = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]])
+    with torch.no_grad():
+        got = model(input_ids=encoder, attention_mask=mask, decoder_input_ids=torch.tensor([B, B])).logits[1]
+        with hfpatch.unpatched():
+            alone = model(input_ids=encoder[1:, 2:], decoder_input_ids=torch.tensor([B])).logits[0]
+    return (got - alone).abs().max().item()
+
+
+@pytest.mark.parametrize("name", ENCODERS)
+def test_left_padded_encoder_equals_itself_alone(name):
+    model = _model(name, "eager")
+    patched = _encoder_error(model)
+    with stock():
+        on_stock = _encoder_error(model)
+    assert patched <= TOLERANCE, f"{name}: hfpatch {patched:.2g}, stock {on_stock:.2g}"
+    if REGISTRY[name].also:  # absolute positions: the encoder is wrong on stock
+        assert on_stock > WRONG, f"{name}: stock is right ({on_stock:.2g}): the declaration is stale"
+
+
+def test_explicit_decoder_inputs_are_untouched():
+    """No mask: stock, bit for bit (the position module is handed nothing)."""
+    model = _model("bart", "eager")
+    encoder = _encoder_input(model, 2)
+    with torch.no_grad():
+        patched = model(input_ids=encoder, decoder_input_ids=torch.tensor([A, A])).logits
+        with stock():
+            on_stock = model(input_ids=encoder, decoder_input_ids=torch.tensor([A, A])).logits
+    assert torch.equal(patched, on_stock)
+
+
+@pytest.mark.parametrize("name", ["bart", "t5"])  # a position table, the relative bias
+def test_compiled_decoder_matches_eager(name):
+    """The handoff traces: one graph, no break, eager's result (a decode step after a padded prefix)."""
+    model = _model(name, "eager")
+    encoder = _encoder_input(model, 2)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 1]])
+    ids = torch.tensor([[15], [23]])
+    with torch.no_grad():
+        first = model(input_ids=encoder, decoder_input_ids=torch.tensor([A[:4], B[:2] + [PAD, PAD]]),
+                      decoder_attention_mask=mask[:, :4])  # fmt: skip
+        decoder = model.get_decoder()
+        kwargs = dict(
+            input_ids=ids, attention_mask=mask, encoder_hidden_states=first.encoder_last_hidden_state
+        )
+        eager = decoder(**kwargs, past_key_values=_copy(_cache_of(first))).last_hidden_state
+        torch._dynamo.reset()
+        explained = torch._dynamo.explain(decoder)(**kwargs, past_key_values=_copy(_cache_of(first)))
+        assert explained.graph_break_count == 0, explained.break_reasons
+        compiled = torch.compile(decoder, fullgraph=True)(**kwargs, past_key_values=_copy(_cache_of(first)))
+    torch._dynamo.reset()
+    assert (compiled.last_hidden_state - eager).abs().max().item() <= TOLERANCE
+
+
+def _copy(cache: Any) -> Any:
+    import copy
+
+    return copy.deepcopy(cache)
+
+
+def test_whisper_generate_with_left_padded_decoder_prompts():
+    """Per-row decoder prompts, left-padded, in one generate() call: each row's scores and tokens are its
+    own alone. Wrong on stock 5.3-5.15 (generate() passed no decoder positions; fixed upstream in 5.16 by
+    PR #48028): the patched decoder derives them from the mask generate() extends. Elsewhere generate()
+    passes its own positions and hfpatch changes nothing."""
+    model = _model("whisper", "eager")
+    features = _encoder_input(model, 2)
+    a, b = [1, *A[:4]], [1, B[0]]
+    ids = torch.tensor([a, [PAD] * 3 + b])
+    mask = torch.tensor([[1] * 5, [0, 0, 0, 1, 1]])
+    settings = dict(max_new_tokens=4, do_sample=False, output_scores=True, return_dict_in_generate=True)
+
+    def worst() -> float:
+        with torch.no_grad():
+            batch = model.generate(features, decoder_input_ids=ids, decoder_attention_mask=mask, **settings)
+            error = 0.0
+            for r, row in enumerate((a, b)):
+                alone = model.generate(features[r : r + 1], decoder_input_ids=torch.tensor([row]), **settings)
+                error = max(
+                    error, *((s[r] - t[0]).abs().max().item() for s, t in zip(batch.scores, alone.scores))
+                )
+                new = alone.sequences[0, len(row) :].tolist()
+                if batch.sequences[r, ids.shape[1] : ids.shape[1] + len(new)].tolist() != new:
+                    error = max(error, float("inf"))  # another token: the rest is not comparable
+        return error
+
+    patched = worst()
+    with stock():
+        on_stock = worst()
+    assert patched <= TOLERANCE, f"hfpatch {patched:.2g}, stock {on_stock:.2g}"
+    if in_range(">=5.3,<5.16", TF):  # generate() passes no decoder positions there
+        assert on_stock > WRONG, f"stock is right ({on_stock:.2g}) on {TF}"
+    else:
+        assert on_stock <= TOLERANCE, f"stock is wrong ({on_stock:.2g}) on {TF}"
+
+
+def test_status_lists_every_seq2seq_model_type():
+    """Every model type of the seq2seq, speech-seq2seq and image-text-to-text mappings has its entry."""
+    status = hfpatch.status()
+    missing = sorted(set(SEQ2SEQ_MODEL_TYPES) - set(status))
+    assert not missing, f"declare these in hfpatch/adapters/seq2seq.py or wrappers.py: {missing}"
+    for name in SEQ2SEQ:
+        if release_has(REGISTRY[name]) and not arch_skip_reason(name):
+            assert status[name].state in ("applied", "waiting for import"), status[name]
+
+
+def test_revert_restores_every_class_patched_with_a_seq2seq_adapter():
+    """The decoder, its encoder and the position module get their original functions back, exactly."""
+    import importlib
+
+    adapter = REGISTRY["bart"]
+    module = importlib.import_module(adapter.module)
+    classes = [
+        (adapter.cls, "forward"),
+        *((cls, "forward") for cls in adapter.also),
+        (adapter.receiver, "forward"),
+    ]
+    hfpatch.revert("bart")
+    originals = {(cls, name): getattr(module, cls).__dict__[name] for cls, name in classes}
+    hfpatch.apply("bart")
+    patched = {(cls, name): getattr(module, cls).__dict__[name] for cls, name in classes}
+    assert all(patched[key] is not originals[key] for key in classes)
+    hfpatch.revert("bart")
+    assert all(getattr(module, cls).__dict__[name] is originals[cls, name] for cls, name in classes)
