@@ -165,7 +165,9 @@ def keep_whole_window(cache: Any) -> bool:
 def _static_sliding_layer() -> Optional[type]:
     """The static cache's sliding layer class: ``StaticSlidingWindowLayer`` (4.57+), before it
     ``SlidingWindowLayer``, a ``StaticLayer`` (4.54-4.56; chunked layers subclass it)."""
-    layer = getattr(cache_utils, "StaticSlidingWindowLayer", None) or getattr(cache_utils, "SlidingWindowLayer", None)
+    layer = getattr(cache_utils, "StaticSlidingWindowLayer", None) or getattr(
+        cache_utils, "SlidingWindowLayer", None
+    )
     static = getattr(cache_utils, "StaticLayer", None)
     return layer if static is not None and layer is not None and issubclass(layer, static) else None
 

@@ -143,7 +143,8 @@ def _layer_types(config: Any) -> list[str]:
     types = getattr(config, "layer_types", None)
     count = config.num_hidden_layers
     if types is None:
-        if getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True):
+        windowed = getattr(config, "use_sliding_window", True)
+        if getattr(config, "sliding_window", None) is not None and windowed:
             return [SLIDING] * count
         if getattr(config, "attention_chunk_size", None) is not None:
             return [CHUNKED] * count
