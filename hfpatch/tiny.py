@@ -161,7 +161,9 @@ def tiny_model(
 # image-text-to-text models (tiny_multimodal), on top of SIZES: multimodal rope sections that fit a head
 # of 16 (8 rotary pairs), a vision tower whose output width is the text model's, a small image grid
 _MROPE = {"rope_scaling": {"rope_type": "default", "mrope_section": [2, 3, 3]}}
-_VISION = {"out_hidden_size": 64, "depth": 1, "patch_size": 2, "spatial_merge_size": 2, "temporal_patch_size": 1}
+_VISION = {
+    "out_hidden_size": 64, "depth": 1, "patch_size": 2, "spatial_merge_size": 2, "temporal_patch_size": 1,
+}  # fmt: skip
 # fmt: off
 MULTIMODAL_OVERRIDES: dict[str, dict[str, Any]] = {
     "qwen2_vl": {"text_config": _MROPE, "vision_config": {**_VISION, "embed_dim": 32, "num_heads": 2}},

@@ -31,7 +31,10 @@ A, B = [11, 12, 13, 14, 15], [21, 22, 23]
 def _params() -> list[Any]:
     return [
         pytest.param(
-            name, model_type, attention, id=f"{model_type}-{attention}",
+            name,
+            model_type,
+            attention,
+            id=f"{model_type}-{attention}",
             marks=() if (model_type, attention) in QUICK else pytest.mark.slow,
         )  # fmt: skip
         for name, model_type in CASES
@@ -81,16 +84,16 @@ def _prefix_error(model: Any) -> float:
         torch.cat([first.logits[0], second.logits[0]]),
         torch.cat([first.logits[1, :2], second.logits[1]]),
     ]
-    return max((_alone(model, row, split) - got).abs().max().item() for row, split, got in zip((A, B), (4, 2), rows))
+    pairs = zip((A, B), (4, 2), rows)
+    return max((_alone(model, row, split) - got).abs().max().item() for row, split, got in pairs)
 
 
 def _left_padded_error(model: Any) -> float:
     ids, mask = torch.tensor([A, [PAD, PAD, *B]]), torch.tensor([[1] * 5, [0, 0, 1, 1, 1]])
     with torch.no_grad():
         out = model(input_ids=ids, attention_mask=mask).logits
-    return max(
-        (_alone(model, A, 5) - out[0]).abs().max().item(), (_alone(model, B, 3) - out[1, 2:]).abs().max().item()
-    )
+    errors = [_alone(model, A, 5) - out[0], _alone(model, B, 3) - out[1, 2:]]
+    return max(error.abs().max().item() for error in errors)
 
 
 @pytest.mark.parametrize("name, model_type, attention", _params())
@@ -100,7 +103,9 @@ def test_padded_prefix_continued_equals_each_row_alone(name, model_type, attenti
     with stock():
         on_stock = _prefix_error(model)
     assert patched <= TOLERANCE, f"{model_type} ({attention}): hfpatch {patched:.2g}, stock {on_stock:.2g}"
-    assert on_stock > WRONG, f"{model_type} ({attention}): stock is right ({on_stock:.2g}): the declaration is stale"
+    assert on_stock > WRONG, (
+        f"{model_type} ({attention}): stock is right ({on_stock:.2g}): the entry is stale"
+    )
 
 
 @pytest.mark.parametrize("name, model_type, attention", _params())
