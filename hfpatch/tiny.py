@@ -178,6 +178,14 @@ MULTIMODAL_OVERRIDES: dict[str, dict[str, Any]] = {
     "exaone4_5": {"text_config": {**_PAD_ID, **_WIDE}},  # windows stay transformers' (a declared limit)
     "chameleon": {"vocabulary_map": {"<image>": 96, "IMGIMG0": 95}, "image_token_id": 96},
     "granite_docling": {"vision_config": _VISION},
+    # an image of 28 x 28 pixels: 4 patches of 14, 4 image tokens (id 96)
+    "llava": {
+        "vision_config": {"image_size": 28, "patch_size": 14}, "image_token_id": 96, "image_token_index": 96,
+    },
+    "paligemma": {
+        "vision_config": {"image_size": 28, "patch_size": 14, "projection_dim": 64}, "projection_dim": 64,
+        "image_token_id": 96, "image_token_index": 96,
+    },
 }
 # fmt: on
 

@@ -136,3 +136,53 @@ def test_explicit_positions_and_no_mask_are_stock(model_type):
                 model(input_ids=ids).logits,
             ]
     assert all(torch.equal(g, w) for g, w in zip(got, want))
+
+
+IMAGE = 96  # the tiny models' image token (MULTIMODAL_OVERRIDES): 4 per 28 x 28 image
+
+
+@pytest.mark.parametrize(
+    "model_type", ["paligemma", pytest.param("llava", marks=pytest.mark.slow)]
+)  # the wrapper's own positions, the language model's
+def test_image_prefill_in_a_padded_batch_continued_from_the_cache(model_type):
+    """Rows with an image each (4 image tokens first), right-padded, then one token each from the cache:
+    each row equals itself alone through the same two calls (its image, a mask of ones)."""
+    if model_type == "paligemma":
+        model = _model("paligemma", "paligemma", "eager")
+    else:
+        model = tiny_multimodal("llava", attention="eager")
+    pixels = torch.randn(2, 3, 28, 28, generator=torch.Generator().manual_seed(1))
+    rows = [[IMAGE] * 4 + [11, 12, 13, 14], [IMAGE] * 4 + [21]]
+    kw = cache_kwarg(model)
+
+    def padded() -> list[torch.Tensor]:
+        ids = torch.tensor([rows[0][:-1], rows[1][:-1] + [PAD] * 3])
+        mask = torch.tensor([[1] * 7, [1] * 4 + [0] * 3])
+        with torch.no_grad():
+            first = model(input_ids=ids, attention_mask=mask, pixel_values=pixels)
+            mask = torch.cat([mask, torch.ones(2, 1, dtype=mask.dtype)], 1)
+            step = torch.tensor([[rows[0][-1]], [rows[1][-1]]])
+            second = model(input_ids=step, attention_mask=mask, **{kw: output_cache(first)})
+        return [
+            torch.cat([first.logits[0], second.logits[0]]),
+            torch.cat([first.logits[1, :4], second.logits[1]]),
+        ]
+
+    def alone(r: int) -> torch.Tensor:
+        with torch.no_grad(), hfpatch.unpatched():
+            ids = torch.tensor([rows[r][:-1]])
+            first = model(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=pixels[r : r + 1])
+            mask = torch.ones(1, len(rows[r]), dtype=torch.long)
+            second = model(
+                input_ids=torch.tensor([rows[r][-1:]]), attention_mask=mask, **{kw: output_cache(first)}
+            )
+        return torch.cat([first.logits[0], second.logits[0]])
+
+    def error() -> float:
+        return max((alone(r) - got).abs().max().item() for r, got in enumerate(padded()))
+
+    patched = error()
+    with stock():
+        on_stock = error()
+    assert patched <= TOLERANCE, f"{model_type} with an image: hfpatch {patched:.2g}, stock {on_stock:.2g}"
+    assert on_stock > WRONG, f"{model_type} with an image: stock is right ({on_stock:.2g})"
