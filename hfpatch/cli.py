@@ -140,7 +140,8 @@ def architectures() -> str:
     ]
     for adapter in sorted(registry, key=lambda a: a.arch):
         types = adapter.arch + "".join(f", {alias}" for alias in adapter.aliases)
-        lines.append(f"| {types} | `{adapter.cls}` | {adapter.family.name} | {_releases(adapter)} |")
+        family = adapter.family.name + (" (image-text-to-text)" if adapter.family.multimodal else "")
+        lines.append(f"| {types} | `{adapter.cls}` | {family} | {_releases(adapter)} |")
     lines += [
         "",
         f"{len(seq2seq)} encoder-decoder model types whose decoder (and, where its positions are absolute, "

@@ -48,6 +48,10 @@ class Family(NamedTuple):
             every attention layer of the call that has one.
         seq2seq: inside an encoder-decoder model (its decoder, or its encoder): ``verify()`` and the
             release probe, which run causal LMs, leave it to ``tests/test_decoders.py``.
+        multimodal: the text path of an image-text-to-text model that is no causal LM of its own
+            (PaliGemma's wrapper, the text model of Qwen2-VL ...): ``verify()`` and the release probe
+            leave it to ``tests/test_wrappers.py``; windows stay transformers' (the wrapper builds the
+            masks, or hands the 2-D mask to a text model that applies its own).
     """
 
     name: str
@@ -57,6 +61,12 @@ class Family(NamedTuple):
     hands_to: Optional[str] = None
     position_module: Optional[str] = None
     seq2seq: bool = False
+    multimodal: bool = False
+
+    @property
+    def probed(self) -> bool:
+        """Whether its model types are causal LMs that ``verify()`` and the release probe run."""
+        return not (self.seq2seq or self.multimodal)
 
 
 class Adapter(NamedTuple):

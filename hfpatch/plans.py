@@ -85,8 +85,9 @@ def read_plan(adapter: Any, forward: Callable, owner: Optional[type] = None) -> 
         old_cache_kw=_renamed_from(forward, cache_kw),
         attached_cache=attached,
         eager_mask_attr=eager_mask[1] if in_era else None,
-        # a seq2seq decoder's window stays transformers' (its masks merge self and cross attention)
-        window=window_plan(owner) if owner is not None and not adapter.family.seq2seq else None,
+        # a seq2seq decoder's window stays transformers' (its masks merge self and cross attention), and
+        # a multimodal wrapper's (it builds the masks, or its text model does from the 2-D mask)
+        window=window_plan(owner) if owner is not None and adapter.family.probed else None,
     )
 
 

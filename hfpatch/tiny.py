@@ -19,8 +19,10 @@ __all__ = [
     "SEQ2SEQ_OVERRIDES",
     "SEQ2SEQ_SIZES",
     "SIZES",
+    "MULTIMODAL_OVERRIDES",
     "tiny_config",
     "tiny_model",
+    "tiny_multimodal",
     "tiny_seq2seq",
 ]
 
@@ -154,6 +156,57 @@ def tiny_model(
         # a window longer than every scenario, so that the probe measures what positions fix
         model = build({**(sizes or {}), **_WIDE})
     return model
+
+
+# image-text-to-text models (tiny_multimodal), on top of SIZES: multimodal rope sections that fit a head
+# of 16 (8 rotary pairs), a vision tower whose output width is the text model's, a small image grid
+_MROPE = {"rope_scaling": {"rope_type": "default", "mrope_section": [2, 3, 3]}}
+_VISION = {
+    "out_hidden_size": 64, "depth": 1, "patch_size": 2, "spatial_merge_size": 2, "temporal_patch_size": 1,
+}  # fmt: skip
+# fmt: off
+MULTIMODAL_OVERRIDES: dict[str, dict[str, Any]] = {
+    "qwen2_vl": {"text_config": _MROPE, "vision_config": {**_VISION, "embed_dim": 32, "num_heads": 2}},
+    "qwen2_5_vl": {"text_config": _MROPE, "vision_config": {**_VISION, "fullatt_block_indexes": [0]}},
+    "qwen3_vl": {"text_config": _MROPE, "vision_config": {**_VISION, "deepstack_visual_indexes": []}},
+    "qwen3_vl_moe": {"text_config": _MROPE, "vision_config": {**_VISION, "deepstack_visual_indexes": []}},
+    "glm4v": {"text_config": _MROPE, "vision_config": _VISION},
+    "glm46v": {"text_config": _MROPE, "vision_config": _VISION},
+    "glmga": {"text_config": _MROPE, "vision_config": _VISION},
+    "paddleocr_vl": {"text_config": _MROPE, "vision_config": _VISION},
+    "hunyuan_vl": {"text_config": {**_MROPE, "head_dim": 16}, "vision_config": _VISION},
+    "exaone4_5": {"text_config": {**_PAD_ID, **_WIDE}},  # windows stay transformers' (a declared limit)
+    "chameleon": {"vocabulary_map": {"<image>": 96, "IMGIMG0": 95}, "image_token_id": 96},
+    "granite_docling": {"vision_config": _VISION},
+    # an image of 28 x 28 pixels: 4 patches of 14, 4 image tokens (id 96)
+    "llava": {
+        "vision_config": {"image_size": 28, "patch_size": 14}, "image_token_id": 96, "image_token_index": 96,
+    },
+    "paligemma": {
+        "vision_config": {"image_size": 28, "patch_size": 14, "projection_dim": 64}, "projection_dim": 64,
+        "image_token_id": 96, "image_token_index": 96,
+    },
+}
+# fmt: on
+
+
+def tiny_multimodal(model_type: str, seed: int = 0, attention: Optional[str] = None) -> Any:
+    """A tiny random-weight image-text-to-text model of ``model_type`` (its
+    ``AutoModelForImageTextToText`` class): :data:`SIZES` and :data:`MULTIMODAL_OVERRIDES`, fp32, eval."""
+    import torch
+    import transformers
+
+    default = transformers.AutoConfig.for_model(model_type)
+    overrides = copy.deepcopy(MULTIMODAL_OVERRIDES.get(model_type, {}))
+    config = _shrunk(type(default), default, overrides, dict(SIZES))
+    if attention is not None:
+        config._attn_implementation = attention
+        for name in _SUB_CONFIGS:
+            sub = _field(config, name)
+            if hasattr(sub, "to_dict"):
+                sub._attn_implementation = attention
+    torch.manual_seed(seed)
+    return transformers.AutoModelForImageTextToText.from_config(config).float().eval()
 
 
 # what encoder-decoder configs call their sizes, on top of SIZES (tiny_seq2seq); speech encoders get 16

@@ -22,7 +22,7 @@ from harness import TOLERANCE, WRONG
 COVERED = [
     (name, alias)
     for name, adapter in REGISTRY.items()
-    if not adapter.family.seq2seq
+    if adapter.family.probed
     for alias in (name, *adapter.aliases)
 ]
 QUICK = {"qwen2", "mistral", "gemma3", "gpt_neo", "exaone"}  # rotary, window, multimodal, absolute, alias

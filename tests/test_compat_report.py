@@ -25,7 +25,7 @@ REGISTRY = hfpatch.registry()
 COVERED = [  # the decoder-only ones: the probe runs causal LMs (seq2seq decoders: tests/test_decoders.py)
     (name, alias)
     for name, adapter in REGISTRY.items()
-    if not adapter.family.seq2seq
+    if adapter.family.probed
     for alias in (name, *adapter.aliases)
 ]
 SUMMARY_FILE = COMPAT / "summary.json"

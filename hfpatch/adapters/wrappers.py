@@ -1,6 +1,31 @@
-"""The model types of transformers' seq2seq, speech-seq2seq and image-text-to-text mappings that no
-seq2seq adapter patches (hfpatch/adapters/seq2seq.py patches the rest), each with its verdict, measured
-on 5.24.0 with tiny models (research: decoders-5.24.md), or "not measured" with what is known:
+"""The image-text-to-text wrappers hfpatch patches itself (:data:`ADAPTERS`), then the model types of
+transformers' seq2seq, speech-seq2seq and image-text-to-text mappings that no adapter patches
+(hfpatch/adapters/seq2seq.py patches the seq2seq decoders), each with its verdict, measured on 5.24.0
+with tiny models (research: decoders-5.24.md), or "not measured" with what is known.
+
+Patched (family ``rotary`` with ``multimodal=True``: no causal LM of their own, so ``verify()`` and the
+release probe leave them to tests/test_wrappers.py; windows stay transformers'):
+
+- the wrapper's own forward, where it counts ``arange(past, past + new)`` itself and hands it to its
+  text model (PaliGemma, EXAONE 4.5): positions from the mask, 1-D as the wrapper's own;
+- the text model, where the wrapper hands it ``position_ids=None`` in a text-only call (the Qwen-VL
+  family: multimodal rope positions come from the mask only after an image prefill set ``rope_deltas``):
+  1-D positions from the mask, which the text model broadcasts to its rope sections as it does its own
+  ``arange``; the 3-D positions of an image call are the wrapper's, forwarded unchanged;
+- Chameleon and Granite-Docling, whose text models count ``arange`` like any decoder.
+
+Each measured on 4.57.6, 5.5.4 and 5.24.0 where the release ships the model (the first of those is its
+``since``; the releases between were not run). The Qwen-VL family from 5.5 only: on 4.57.6 its wrapper
+derives text-only positions itself (``get_rope_index``, then ``rope_deltas`` in cached calls) and hands
+them to the text model, wrong for a padded cached prefix (0.77-1.1 on tiny models; Qwen2-VL's cached call
+fails), so the text model's patch never acts there. With an image, the Qwen-VL wrapper's positions stand: a plain forward call that continues an image prefill
+from the cache with the mask of past + new tokens fails on stock (tiny Qwen2-VL on 4.57.6, 5.5.4 and
+5.24.0: its ``rope_deltas`` branch counts positions for every mask column, not the new tokens), with
+hfpatch too; ``generate()`` passes positions of its own. PaliGemma is a prefix LM: on 4.57.6 and 5.5.4 a
+masked prefill attends the whole prompt both ways, so its reference is each row alone through the same
+cached calls.
+
+Not patched:
 
 - ``through its language model``: a wrapper whose language model is a class hfpatch patches (LLaVA runs
   ``LlamaModel``): fixed, measured (a right-padded prefix continued from the cache, text only);
@@ -8,15 +33,33 @@ on 5.24.0 with tiny models (research: decoders-5.24.md), or "not measured" with 
 - ``not covered``: positions would fix it (by hand), or it was not measured (the reason says which).
 """
 
-from ..declarations import NOT_COVERED, NOT_FIXABLE, THROUGH_LANGUAGE_MODEL, Undeclared
-from ..engine import declare_all
+from ..declarations import NOT_COVERED, NOT_FIXABLE, THROUGH_LANGUAGE_MODEL, Adapter, Undeclared
+from ..engine import declare_all, register_all
+from .rotary import ROTARY
+
+MULTIMODAL = ROTARY._replace(multimodal=True)
+WINDOW = (
+    "sliding window: decided by cache column (transformers', which builds it from the wrapper's mask), so a "
+    "hole from a padded cached prefix inside the window stays wrong; prefixes shorter than the window are exact"
+)
+
+# fmt: off
+ADAPTERS = register_all(
+    Adapter("paligemma", "PaliGemmaModel", MULTIMODAL, "4.57", limits=(WINDOW,)),  # PaliGemma 2: Gemma 2's window
+    Adapter("exaone4_5", "Exaone4_5_Model", MULTIMODAL, "5.24", limits=(WINDOW,)),
+    Adapter("qwen2_vl", "Qwen2VLTextModel", MULTIMODAL, "5.5"),
+    Adapter("qwen2_5_vl", "Qwen2_5_VLTextModel", MULTIMODAL, "5.5"),
+    Adapter("qwen3_vl", "Qwen3VLTextModel", MULTIMODAL, "5.5"),
+    Adapter("qwen3_vl_moe", "Qwen3VLMoeTextModel", MULTIMODAL, "5.5"),
+    Adapter("glm4v", "Glm4vTextModel", MULTIMODAL, "5.5", aliases=("glm46v", "glmga"), alias_since=(("glmga", "5.24"),)),
+    Adapter("paddleocr_vl", "PaddleOCRTextModel", MULTIMODAL, "5.5"),
+    Adapter("hunyuan_vl", "HunYuanVLTextModel", MULTIMODAL, "5.24"),
+    Adapter("chameleon", "ChameleonModel", MULTIMODAL, "4.57"),
+    Adapter("granite_docling", "GraniteDoclingTextModel", MULTIMODAL, "5.24"),
+)
+# fmt: on
 
 MEASURED = "measured fixed on 5.24.0 (text only; the image/audio path not measured)"
-QWEN_VL = (
-    "Qwen-VL-style wrapper: positions from the mask only after a multimodal prefill set rope_deltas; text "
-    "only, the text model counts arange (positions by hand fix it)"
-)
-OWN_ARANGE = "the wrapper passes its own arange(past, past + new) positions to the patched {}, so the patch never derives any"
 SEQ2SEQ_WRAPPER = (
     "runs the decoder of its decoder config: a patched decoder-only class (GPT-2 ...: measured fixed on 5.24.0) "
     "or BERT as a decoder (BertLMHeadModel: not covered; decoder positions by hand fix it)"
@@ -87,19 +130,6 @@ UNDECLARED = declare_all(
     _through("deepseek_vl", "llama", "LlamaModel"),
     _through("lighton_ocr", "qwen3", "Qwen3Model"),
     _through("shieldgemma2", "gemma3", "Gemma3Model"),
-    Undeclared("paligemma", NOT_COVERED, OWN_ARANGE.format("GemmaModel")),
-    Undeclared("exaone4_5", NOT_COVERED, OWN_ARANGE.format("Exaone4Model")),
-    Undeclared("qwen2_vl", NOT_COVERED, QWEN_VL),
-    Undeclared("qwen2_5_vl", NOT_COVERED, QWEN_VL),
-    Undeclared("qwen3_vl", NOT_COVERED, QWEN_VL),
-    Undeclared("qwen3_vl_moe", NOT_COVERED, QWEN_VL),
-    Undeclared("glm4v", NOT_COVERED, QWEN_VL),
-    Undeclared("glm46v", NOT_COVERED, QWEN_VL),
-    Undeclared("glmga", NOT_COVERED, QWEN_VL + " (runs Glm46VForConditionalGeneration)"),
-    Undeclared("paddleocr_vl", NOT_COVERED, QWEN_VL),
-    Undeclared("hunyuan_vl", NOT_COVERED, QWEN_VL),
-    Undeclared("chameleon", NOT_COVERED, "ChameleonModel is not declared yet: positions by hand fix it"),
-    Undeclared("granite_docling", NOT_COVERED, "its text model is not declared yet: positions by hand fix it"),
     Undeclared("lfm2_vl", NOT_FIXABLE, "its language model is LFM2: short convolutions see pads"),
     Undeclared("lfm3_vl", NOT_FIXABLE, "its language model is LFM3: short convolutions see pads (not measured)"),
     _unmeasured("qwen2_5_omni_thinker", "a cached call fails with its tiny config"),

@@ -1,0 +1,188 @@
+"""Vision-language wrappers, text only: stock transformers is wrong, hfpatch is exact.
+
+Every multimodal adapter (hfpatch/adapters/wrappers.py) and its aliases on a tiny random
+image-text-to-text model, eager and SDPA: a right-padded prefix continued from the cache by one token,
+and a left-padded prompt in one call. The reference is written here by hand: each row run alone,
+unpadded, in one call, on stock transformers (PaliGemma, a prefix LM whose masked prefill attends the
+prompt both ways on 4.57-5.5: each row alone through the same cached calls, with a mask of ones).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from packaging.version import Version
+
+import hfpatch
+from hfpatch.tiny import PAD, tiny_multimodal
+
+from conftest import REGISTRY, TF, arch_skip_reason, stock
+from harness import TOLERANCE, WRONG, cache_kwarg, output_cache
+
+MULTIMODAL = [name for name, adapter in REGISTRY.items() if adapter.family.multimodal]
+CASES = [(name, alias) for name in MULTIMODAL for alias in (name, *REGISTRY[name].aliases)]
+QUICK = {("paligemma", "eager"), ("qwen2_vl", "sdpa"), ("chameleon", "eager")}  # wrapper, text model, plain
+PREFIX_LM = {"paligemma"}  # its reference runs the same cached calls, one row at a time
+A, B = [11, 12, 13, 14, 15], [21, 22, 23]
+
+
+def _params() -> list[Any]:
+    return [
+        pytest.param(
+            name,
+            model_type,
+            attention,
+            id=f"{model_type}-{attention}",
+            marks=() if (model_type, attention) in QUICK else pytest.mark.slow,
+        )  # fmt: skip
+        for name, model_type in CASES
+        for attention in ("eager", "sdpa")
+    ]
+
+
+_models: dict[tuple[str, str], Any] = {}
+
+
+def _model(name: str, model_type: str, attention: str) -> Any:
+    reason = arch_skip_reason(name)
+    if reason:
+        pytest.skip(reason)
+    since = dict(REGISTRY[name].alias_since).get(model_type)
+    if since is not None and TF < Version(since):
+        pytest.skip(f"{model_type} is covered from {since}; installed {TF}")
+    if model_type == "paligemma" and attention == "sdpa" and TF >= Version("5.24"):
+        pytest.skip("PaliGemma with SDPA on 5.24 is not causal text only, a row alone included (stock, 1.7)")
+    if (model_type, attention) not in _models:
+        _models[model_type, attention] = tiny_multimodal(model_type, attention=attention)
+    return _models[model_type, attention]
+
+
+def _alone(model: Any, row: list[int], split: int) -> torch.Tensor:
+    """One row's logits, unpadded, on stock: one call (or, for a prefix LM, the same two cached calls)."""
+    with torch.no_grad(), hfpatch.unpatched():
+        if model.config.model_type not in PREFIX_LM:
+            return model(input_ids=torch.tensor([row])).logits[0]
+        ids = torch.tensor([row[:split]])
+        first = model(input_ids=ids, attention_mask=torch.ones_like(ids))
+        mask = torch.ones(1, len(row), dtype=torch.long)
+        rest = torch.tensor([row[split:]])
+        second = model(input_ids=rest, attention_mask=mask, **{cache_kwarg(model): output_cache(first)})
+        return torch.cat([first.logits[0], second.logits[0]])
+
+
+def _prefix_error(model: Any) -> float:
+    """A right-padded prefix (A: 4 tokens, B: 2 and 2 pads), then one token each from the cache."""
+    ids, mask = torch.tensor([A[:4], B[:2] + [PAD, PAD]]), torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
+    with torch.no_grad():
+        first = model(input_ids=ids, attention_mask=mask)
+        mask = torch.cat([mask, torch.ones(2, 1, dtype=mask.dtype)], 1)
+        step = torch.tensor([[A[4]], [B[2]]])
+        second = model(input_ids=step, attention_mask=mask, **{cache_kwarg(model): output_cache(first)})
+    rows = [
+        torch.cat([first.logits[0], second.logits[0]]),
+        torch.cat([first.logits[1, :2], second.logits[1]]),
+    ]
+    pairs = zip((A, B), (4, 2), rows)
+    return max((_alone(model, row, split) - got).abs().max().item() for row, split, got in pairs)
+
+
+def _left_padded_error(model: Any) -> float:
+    ids, mask = torch.tensor([A, [PAD, PAD, *B]]), torch.tensor([[1] * 5, [0, 0, 1, 1, 1]])
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask).logits
+    errors = [_alone(model, A, 5) - out[0], _alone(model, B, 3) - out[1, 2:]]
+    return max(error.abs().max().item() for error in errors)
+
+
+@pytest.mark.parametrize("name, model_type, attention", _params())
+def test_padded_prefix_continued_equals_each_row_alone(name, model_type, attention):
+    model = _model(name, model_type, attention)
+    patched = _prefix_error(model)
+    with stock():
+        on_stock = _prefix_error(model)
+    assert patched <= TOLERANCE, f"{model_type} ({attention}): hfpatch {patched:.2g}, stock {on_stock:.2g}"
+    assert on_stock > WRONG, (
+        f"{model_type} ({attention}): stock is right ({on_stock:.2g}): the entry is stale"
+    )
+
+
+@pytest.mark.parametrize("name, model_type, attention", _params())
+def test_left_padded_prompt_equals_each_row_alone(name, model_type, attention):
+    """Rotary: a uniform left shift cancels, so stock is right too; hfpatch must stay exact."""
+    if model_type in PREFIX_LM:
+        pytest.skip("a prefix LM: a one-call prompt is the prefix, attended both ways")
+    model = _model(name, model_type, attention)
+    patched = _left_padded_error(model)
+    assert patched <= TOLERANCE, f"{model_type} ({attention}): hfpatch {patched:.2g}"
+
+
+@pytest.mark.parametrize("model_type", ["paligemma", "qwen2_vl"])  # the wrapper's forward, the text model
+def test_explicit_positions_and_no_mask_are_stock(model_type):
+    """The caller's position ids are forwarded unchanged, and a call without a mask is stock: bit for bit."""
+    name = model_type
+    model = _model(name, model_type, "eager")
+    ids = torch.tensor([A[:3], B])
+    positions = torch.tensor([[3, 4, 5], [0, 1, 2]])
+    with torch.no_grad():
+        got = [
+            model(input_ids=ids, attention_mask=torch.ones_like(ids), position_ids=positions).logits,
+            model(input_ids=ids).logits,
+        ]
+        with stock():
+            want = [
+                model(input_ids=ids, attention_mask=torch.ones_like(ids), position_ids=positions).logits,
+                model(input_ids=ids).logits,
+            ]
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+
+
+IMAGE = 96  # the tiny models' image token (MULTIMODAL_OVERRIDES): 4 per 28 x 28 image
+
+
+@pytest.mark.parametrize(
+    "model_type", ["paligemma", pytest.param("llava", marks=pytest.mark.slow)]
+)  # the wrapper's own positions, the language model's
+def test_image_prefill_in_a_padded_batch_continued_from_the_cache(model_type):
+    """Rows with an image each (4 image tokens first), right-padded, then one token each from the cache:
+    each row equals itself alone through the same two calls (its image, a mask of ones)."""
+    if model_type == "paligemma":
+        model = _model("paligemma", "paligemma", "eager")
+    else:
+        model = tiny_multimodal("llava", attention="eager")
+    pixels = torch.randn(2, 3, 28, 28, generator=torch.Generator().manual_seed(1))
+    rows = [[IMAGE] * 4 + [11, 12, 13, 14], [IMAGE] * 4 + [21]]
+    kw = cache_kwarg(model)
+
+    def padded() -> list[torch.Tensor]:
+        ids = torch.tensor([rows[0][:-1], rows[1][:-1] + [PAD] * 3])
+        mask = torch.tensor([[1] * 7, [1] * 4 + [0] * 3])
+        with torch.no_grad():
+            first = model(input_ids=ids, attention_mask=mask, pixel_values=pixels)
+            mask = torch.cat([mask, torch.ones(2, 1, dtype=mask.dtype)], 1)
+            step = torch.tensor([[rows[0][-1]], [rows[1][-1]]])
+            second = model(input_ids=step, attention_mask=mask, **{kw: output_cache(first)})
+        return [
+            torch.cat([first.logits[0], second.logits[0]]),
+            torch.cat([first.logits[1, :4], second.logits[1]]),
+        ]
+
+    def alone(r: int) -> torch.Tensor:
+        with torch.no_grad(), hfpatch.unpatched():
+            ids = torch.tensor([rows[r][:-1]])
+            first = model(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=pixels[r : r + 1])
+            mask = torch.ones(1, len(rows[r]), dtype=torch.long)
+            second = model(
+                input_ids=torch.tensor([rows[r][-1:]]), attention_mask=mask, **{kw: output_cache(first)}
+            )
+        return torch.cat([first.logits[0], second.logits[0]])
+
+    def error() -> float:
+        return max((alone(r) - got).abs().max().item() for r, got in enumerate(padded()))
+
+    patched = error()
+    with stock():
+        on_stock = error()
+    assert patched <= TOLERANCE, f"{model_type} with an image: hfpatch {patched:.2g}, stock {on_stock:.2g}"
+    assert on_stock > WRONG, f"{model_type} with an image: stock is right ({on_stock:.2g})"
