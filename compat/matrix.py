@@ -9,6 +9,7 @@ ones CI runs, and the rule that turns one release's probe results into a verdict
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -74,21 +75,27 @@ NOT_SHIPPED = "is not in transformers"  # how a probe test says it skipped a mod
 
 WRONG = "wrong with the positions"
 STOCK_FAILS = "a scenario fails on stock too"
+STOCK_RIGHT = "right on stock there"
 CLASS_DIFFERS = "class differs"
 NOT_BUILDABLE = "tiny model does not run"
-FAILURE_KINDS = (WRONG, STOCK_FAILS, CLASS_DIFFERS, NOT_BUILDABLE)  # the order a cell's reason is chosen in
+FAILURE_KINDS = (WRONG, STOCK_FAILS, STOCK_RIGHT, CLASS_DIFFERS, NOT_BUILDABLE)  # a cell's reason, in order
 
 
 def failure_kind(text: str) -> str:
     """Why a probe run failed, from its failure text: hfpatch patched the model and it is still wrong
     (a limit of that release); a scenario raises on stock transformers too (e.g. a cache the model
-    makes itself, sized to the prompt); the release's class is not the one hfpatch patches (its
-    signature or its name); or the tiny model cannot be built or run there (nothing measured)."""
+    makes itself, sized to the prompt); stock is right there already (nothing to patch); the release's
+    class is not the one hfpatch patches (its signature or its name); or the tiny model cannot be built
+    or run there (nothing measured)."""
     if "signature mismatch" in text or "not found in this transformers release" in text:
         return CLASS_DIFFERS
-    if "WRONG with hfpatch" not in text:
-        return NOT_BUILDABLE
-    return STOCK_FAILS if "stock: " in text else WRONG
+    if "WRONG with hfpatch" in text:  # hfpatch.verify's table
+        return STOCK_FAILS if "stock: " in text else WRONG
+    if re.search(r": hfpatch \S+, stock \S+", text):  # the decoder and wrapper tests' message
+        return WRONG
+    if "stock is right" in text:
+        return STOCK_RIGHT
+    return NOT_BUILDABLE
 
 
 def probe_verdict(runs: dict) -> str:

@@ -35,11 +35,8 @@ from hfpatch.tiny import FLAGSHIPS  # noqa: E402
 
 from matrix import FAILURE_KINDS, NOT_BUILDABLE, RELEASES, failure_kind, probe_verdict  # noqa: E402
 
-# the decoder-only adapters: the probe runs causal LMs (seq2seq decoders: tests/test_decoders.py;
-# multimodal wrappers: tests/test_wrappers.py)
-REGISTRY = {name: a for name, a in hfpatch.registry().items() if a.family.probed}
+REGISTRY = hfpatch.registry()
 ARCHS = list(FLAGSHIPS)  # the full suite's columns
-PROBE_TEST = "test_verify_covered_architecture["
 INVARIANTS = [  # (column, what it checks, (module, test-name prefix) pairs)
     ("I1", "padding / cache-split equivalence", [("test_seed_scenarios", ""), ("test_invariant", "")]),
     ("I2", "explicit inputs unchanged", [("test_unchanged", "test_explicit_")]),
@@ -85,14 +82,30 @@ def read_junit(path: Path) -> list[tuple[str, str, str, str]]:
     return cases
 
 
+# the probe's tests, by name: hfpatch.verify on a causal LM (tests/test_architectures.py), an
+# encoder-decoder model's decoder and encoder (tests/test_decoders.py), a vision-language model's text and
+# image paths (tests/test_wrappers.py); each test id starts "MODEL_TYPE" or "MODEL_TYPE-ATTENTION"
+PROBE_TESTS = (
+    "test_verify_covered_architecture",
+    "test_decoder_rows_equal_themselves_alone",
+    "test_left_padded_encoder_equals_itself_alone",
+    "test_padded_prefix_continued_equals_each_row_alone",
+    "test_left_padded_prompt_equals_each_row_alone",
+    "test_image_prefill_in_a_padded_batch_continued_from_the_cache",
+)
+PROBE_ID = re.compile(rf"^({'|'.join(PROBE_TESTS)})\[(?P<type>.+?)(?:-(?P<attention>eager|sdpa)(?:-.*)?)?\]$")
+OUTCOME_ORDER = {"skip": 0, "pass": 1, "fail": 2}  # the cell of several tests: any fail, else any pass
+
+
 def read_probe(path: Path) -> dict:
-    """{model type: {attention: {"outcome", "message", "stock", "hfpatch"}}} from a probe JUnit XML."""
+    """{model type: {attention: {"outcome", "message", "stock", "hfpatch"}}} from a probe JUnit XML: the
+    tests of one model type and attention make one cell (the worst outcome; the largest differences)."""
     result: dict = {}
     for case in ET.parse(path).getroot().iter("testcase"):
-        name = case.get("name", "")
-        if not name.startswith(PROBE_TEST):
+        match = PROBE_ID.match(case.get("name", ""))
+        if match is None:
             continue
-        model_type, attention = name[len(PROBE_TEST) : -1].rsplit("-", 1)
+        model_type, attention = match["type"], match["attention"] or "eager"
         outcome, message = "pass", ""
         kind = None
         for child in case:
@@ -105,7 +118,15 @@ def read_probe(path: Path) -> dict:
         if kind is not None:
             entry["kind"] = kind
         entry.update((p.get("name"), float(p.get("value"))) for p in case.iter("property"))
-        result.setdefault(model_type, {})[attention] = entry
+        found = result.setdefault(model_type, {}).get(attention)
+        if found is not None:
+            if OUTCOME_ORDER[found["outcome"]] > OUTCOME_ORDER[outcome]:
+                entry.update(outcome=found["outcome"], message=found["message"])
+                entry.update({"kind": found["kind"]} if "kind" in found else {})
+            for name in ("stock", "hfpatch"):
+                if name in found:
+                    entry[name] = max(found[name], entry.get(name, found[name]))
+        result[model_type][attention] = entry
     return result
 
 
@@ -272,9 +293,13 @@ def _render_probe(summary: dict) -> list[str]:
         "",
         "## Architectures: the probe on every release that ships them",
         "",
-        f"`hfpatch.verify` on a tiny random model of each covered model type, eager and SDPA attention, on "
+        f"`hfpatch.verify` on a tiny random model of each covered causal LM, eager and SDPA attention, on "
         f"{len(probed)} releases ({probed[0]} to {newest}): left padding, a right-padded cached prefix + 1 "
-        "token, variable prefixes and suffixes (dynamic cache, and a StaticCache where the model takes one). "
+        "token, variable prefixes and suffixes (dynamic cache, and a StaticCache where the model takes one); "
+        "for the decoders of encoder-decoder models, `tests/test_decoders.py` (the same decoder scenarios "
+        "with `decoder_attention_mask`, and a left-padded encoder), and for vision-language models, "
+        "`tests/test_wrappers.py` (a padded text prefix continued from the cache, a left-padded prompt, an "
+        "image where the test has one), each row against itself run alone. "
         "A cell comes from the probe run (every release and model type, in the declared range or not), "
         "or from the full suite's run where the probe has none. "
         "*ships*: the matrix releases that have it; *exact*: of those in the declared range, how many "
@@ -303,7 +328,8 @@ def _render_probe(summary: dict) -> list[str]:
         f"release inside it), the probe says why: {why}. *wrong with the positions*: hfpatch patched it "
         "and it is still wrong (a limit of that release); *a scenario fails on stock too*: transformers "
         "raises there, with or without hfpatch (e.g. a cache the model makes itself, sized to the "
-        "prompt); *class differs*: that release's class is not the one hfpatch patches; *tiny model "
+        "prompt); *right on stock there*: nothing to patch; *class differs*: that release's class is "
+        "not the one hfpatch patches; *tiny model "
         "does not run*: nothing could be measured there. Every "
         "release where the probe passes is patched (`tests/test_compat_report.py` checks it).",
     ]

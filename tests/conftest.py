@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, settings
 import hfpatch
 from hfpatch import engine
 from hfpatch.plans import Plan, attaches_static_caches, read_plan
-from hfpatch.support import installed_transformers, release_has, support
+from hfpatch.support import TESTED, Support, installed_transformers, release_has, support
 from hfpatch.tiny import FLAGSHIPS, tiny_model
 
 from harness import cache_kwarg, static_cache
@@ -80,6 +80,27 @@ def arch_skip_reason(arch: str) -> str | None:
         return f"{adapter.cls} is not in transformers {TF} (no {adapter.module})"
     verdict = support(adapter, TF)
     return None if verdict.patchable else verdict.reason
+
+
+OUTSIDE_RANGES: list[bool] = []  # [True] under --outside-ranges (pytest_configure)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("--outside-ranges"):
+        OUTSIDE_RANGES.append(True)
+
+
+def require_covered(arch: str) -> None:
+    """Skip unless ``arch`` is patched on this release. Under ``--outside-ranges`` (the release probe:
+    the evidence for the ranges), patch it anyway wherever the release ships its class."""
+    reason = arch_skip_reason(arch)
+    if reason is None:
+        return
+    if not (OUTSIDE_RANGES and release_has(REGISTRY[arch])):
+        pytest.skip(reason)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(engine, "support", lambda adapter, version: Support(TESTED, "probed outside its range"))
+        hfpatch.apply(arch)
 
 
 @functools.cache

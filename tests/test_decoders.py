@@ -18,7 +18,7 @@ import hfpatch
 from hfpatch.support import in_range, release_has
 from hfpatch.tiny import PAD, VOCAB, tiny_seq2seq
 
-from conftest import REGISTRY, SEQ2SEQ_MODEL_TYPES, TF, arch_skip_reason, stock
+from conftest import REGISTRY, SEQ2SEQ_MODEL_TYPES, TF, arch_skip_reason, require_covered, stock
 from harness import TOLERANCE, WRONG
 
 SEQ2SEQ = [name for name, adapter in REGISTRY.items() if adapter.family.seq2seq]
@@ -47,9 +47,7 @@ _models: dict[tuple[str, str], Any] = {}
 
 
 def _model(name: str, attention: str) -> Any:
-    reason = arch_skip_reason(name)
-    if reason:
-        pytest.skip(reason)
+    require_covered(name)
     if (name, attention) not in _models:
         try:
             _models[name, attention] = tiny_seq2seq(name, attention=attention)
@@ -128,12 +126,14 @@ def _decoder_error(model: Any, chunks: tuple, left: tuple) -> float:
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 @pytest.mark.parametrize("name, attention", _params())
-def test_decoder_rows_equal_themselves_alone(name, attention, scenario):
+def test_decoder_rows_equal_themselves_alone(name, attention, scenario, record_property):
     model = _model(name, attention)
     chunks, left = SCENARIOS[scenario]
     patched = _decoder_error(model, chunks, left)
     with stock():
         on_stock = _decoder_error(model, chunks, left)
+    record_property("stock", on_stock)  # for compat/REPORT.md
+    record_property("hfpatch", patched)
     assert patched <= TOLERANCE, (
         f"{name} ({attention}), {scenario}: hfpatch {patched:.2g}, stock {on_stock:.2g}"
     )
@@ -163,11 +163,13 @@ def _encoder_error(model: Any) -> float:
 
 
 @pytest.mark.parametrize("name", ENCODERS)
-def test_left_padded_encoder_equals_itself_alone(name):
+def test_left_padded_encoder_equals_itself_alone(name, record_property):
     model = _model(name, "eager")
     patched = _encoder_error(model)
     with stock():
         on_stock = _encoder_error(model)
+    record_property("stock", on_stock)  # for compat/REPORT.md
+    record_property("hfpatch", patched)
     assert patched <= TOLERANCE, f"{name}: hfpatch {patched:.2g}, stock {on_stock:.2g}"
     if REGISTRY[name].also:  # absolute positions: the encoder is wrong on stock
         assert on_stock > WRONG, f"{name}: stock is right ({on_stock:.2g}): the declaration is stale"

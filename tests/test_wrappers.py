@@ -18,7 +18,7 @@ from packaging.version import Version
 import hfpatch
 from hfpatch.tiny import PAD, tiny_multimodal
 
-from conftest import REGISTRY, TF, arch_skip_reason, stock
+from conftest import REGISTRY, TF, require_covered, stock
 from harness import TOLERANCE, WRONG, cache_kwarg, output_cache
 
 MULTIMODAL = [name for name, adapter in REGISTRY.items() if adapter.family.multimodal]
@@ -46,9 +46,7 @@ _models: dict[tuple[str, str], Any] = {}
 
 
 def _model(name: str, model_type: str, attention: str) -> Any:
-    reason = arch_skip_reason(name)
-    if reason:
-        pytest.skip(reason)
+    require_covered(name)
     since = dict(REGISTRY[name].alias_since).get(model_type)
     if since is not None and TF < Version(since):
         pytest.skip(f"{model_type} is covered from {since}; installed {TF}")
@@ -97,11 +95,13 @@ def _left_padded_error(model: Any) -> float:
 
 
 @pytest.mark.parametrize("name, model_type, attention", _params())
-def test_padded_prefix_continued_equals_each_row_alone(name, model_type, attention):
+def test_padded_prefix_continued_equals_each_row_alone(name, model_type, attention, record_property):
     model = _model(name, model_type, attention)
     patched = _prefix_error(model)
     with stock():
         on_stock = _prefix_error(model)
+    record_property("stock", on_stock)  # for compat/REPORT.md
+    record_property("hfpatch", patched)
     assert patched <= TOLERANCE, f"{model_type} ({attention}): hfpatch {patched:.2g}, stock {on_stock:.2g}"
     assert on_stock > WRONG, (
         f"{model_type} ({attention}): stock is right ({on_stock:.2g}): the entry is stale"
