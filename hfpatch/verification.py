@@ -257,7 +257,7 @@ def _adapter_of_class(model: Any) -> Optional[Adapter]:
 
 def _limits(model: Any, adapter: Optional[Adapter]) -> list[str]:
     notes = list(adapter.limits) if adapter is not None else []
-    window = smallest_window(model)
+    window = smallest_window(model, adapter.cls if adapter is not None else None)
     configured = configured_window(model)
     if configured and (adapter is None or not positional(model, adapter.cls)):
         if not any("sliding window" in note for note in notes):
@@ -290,7 +290,9 @@ def _probes(
         variable = SCENARIOS[2]
         factory = lambda: new_static_cache(model, len(variable.lengths), STATIC_SLOTS)  # noqa: E731
         probes.append((f"{variable.name}, StaticCache", variable, factory, STATIC_SLOTS))
-    window = smallest_window(model) if adapter is not None and positional(model, adapter.cls) else None
+    window = None
+    if adapter is not None and positional(model, adapter.cls):
+        window = smallest_window(model, adapter.cls)
     if name is not None and window is not None and window <= MAX_WINDOW_PROBE:  # holes inside a window
         lengths = (window + 6, window + 3)
         beyond = Scenario(f"right-padded prefix past the window ({window}) + 2", lengths,

@@ -42,6 +42,8 @@ class WindowPlan(NamedTuple):
     takes_mask_dict: bool  # its forward takes ``{layer_type: mask}`` as ``attention_mask`` (4.53+)
     sizes_by_slots: bool  # ``cache.get_mask_sizes(cache_position, layer)`` (4.53-4.57), else by query length
     float_masks: bool  # before masking_utils (< 4.53) every 4-D mask a model takes is additive float
+    switch_ignored: bool = False  # its mask applies ``config.sliding_window`` whatever ``use_sliding_window``
+    # says (Qwen2 4.49-4.51, Qwen3 4.51: a window the config switches off is applied all the same)
 
 
 def window_plan(owner: type) -> Optional[WindowPlan]:
@@ -62,7 +64,8 @@ def window_plan(owner: type) -> Optional[WindowPlan]:
         return None
     getter = getattr(cache_utils.Cache, "get_mask_sizes", None)
     by_slots = getter is not None and "cache_position" in inspect.signature(getter).parameters
-    return WindowPlan(takes_dict, by_slots, not masking_utils)
+    ignored = not masking_utils and "use_sliding_window" not in update_source
+    return WindowPlan(takes_dict, by_slots, not masking_utils, ignored)
 
 
 def apply_windows(
@@ -75,7 +78,7 @@ def apply_windows(
     config = _text_config(model)
     if getattr(config, "_attn_implementation", None) not in ATTENTION:
         return
-    types = _layer_types(config)
+    types = _layer_types(config, window)
     windows = {kind: _window_of(config, kind) for kind in dict.fromkeys(types)}
     sizes = [size for size in windows.values() if size is not None]
     if not sizes or not set(windows) <= set(KNOWN_TYPES) or (len(windows) > 1 and not window.takes_mask_dict):
@@ -109,8 +112,8 @@ def positional(model: Any, cls: str) -> bool:
     config = _text_config(model)
     if owner is None or window_plan(owner) is None:
         return False
-    kinds = set(_layer_types(config))
     plan = window_plan(owner)
+    kinds = set(_layer_types(config, plan))
     return (
         getattr(config, "_attn_implementation", None) in ATTENTION
         and kinds <= set(KNOWN_TYPES)
@@ -118,10 +121,13 @@ def positional(model: Any, cls: str) -> bool:
     )
 
 
-def smallest_window(model: Any) -> Optional[int]:
-    """The smallest sliding window or attention chunk of a model's layers, or None."""
+def smallest_window(model: Any, cls: Optional[str] = None) -> Optional[int]:
+    """The smallest sliding window or attention chunk of a model's layers, or None (``cls``: the patched
+    class, whose mask code may apply a window its config switches off)."""
     config = _text_config(model)
-    sizes = [size for kind in set(_layer_types(config)) for size in _window_of(config, kind) or () if size]
+    owner = next((type(m) for m in model.modules() if type(m).__name__ == cls), None) if cls else None
+    types = _layer_types(config, window_plan(owner) if owner is not None else None)
+    sizes = [size for kind in set(types) for size in _window_of(config, kind) or () if size]
     return min(sizes) if sizes else None
 
 
@@ -139,11 +145,11 @@ def _text_config(model: Any) -> Any:
     return get(decoder=True) if get is not None else model.config
 
 
-def _layer_types(config: Any) -> list[str]:
+def _layer_types(config: Any, plan: Optional[WindowPlan] = None) -> list[str]:
     types = getattr(config, "layer_types", None)
     count = config.num_hidden_layers
     if types is None:
-        windowed = getattr(config, "use_sliding_window", True)
+        windowed = getattr(config, "use_sliding_window", True) or (plan is not None and plan.switch_ignored)
         if getattr(config, "sliding_window", None) is not None and windowed:
             return [SLIDING] * count
         if getattr(config, "attention_chunk_size", None) is not None:
