@@ -307,7 +307,7 @@ def _render_probe(summary: dict) -> list[str]:
         f"max|diff| over the scenarios on {newest}.",
     ]
     in_range_cells = [
-        by_release[release]
+        by_release.get(release, "not probed")
         for name, adapter in REGISTRY.items()
         for model_type in (name, *adapter.aliases)
         for release, by_release in [(r, verdicts.get(model_type, {})) for r in probed]
