@@ -129,8 +129,10 @@ def architectures() -> str:
     then the model types hfpatch knows and does not patch, with the reason (docs/architectures.md)."""
     from .support import NEWEST_TESTED
 
-    registry = [a for a in engine.registry().values() if not a.family.seq2seq]
-    seq2seq = [a for a in engine.registry().values() if a.family.seq2seq]
+    adapters = sorted(engine.registry().values(), key=lambda a: a.arch)
+    registry = [a for a in adapters if a.family.probed]
+    multimodal = [a for a in adapters if a.family.multimodal]
+    seq2seq = [a for a in adapters if a.family.seq2seq]
     lines = [
         f"{sum(1 + len(a.aliases) for a in registry)} decoder-only model types patched ({len(registry)} "
         f"classes), each from the first release of its tested range through {NEWEST_TESTED}.",
@@ -138,10 +140,20 @@ def architectures() -> str:
         "| model type (and others that run the class) | class patched | family | releases |",
         "|---|---|---|---|",
     ]
-    for adapter in sorted(registry, key=lambda a: a.arch):
+    for adapter in registry:
         types = adapter.arch + "".join(f", {alias}" for alias in adapter.aliases)
-        family = adapter.family.name + (" (image-text-to-text)" if adapter.family.multimodal else "")
-        lines.append(f"| {types} | `{adapter.cls}` | {family} | {_releases(adapter)} |")
+        lines.append(f"| {types} | `{adapter.cls}` | {adapter.family.name} | {_releases(adapter)} |")
+    lines += [
+        "",
+        f"{sum(1 + len(a.aliases) for a in multimodal)} vision-language model types whose wrapper or text "
+        "model is patched (text calls; an image call keeps the wrapper's own positions).",
+        "",
+        "| model type (and others that run the class) | class patched | releases |",
+        "|---|---|---|",
+    ]
+    for adapter in multimodal:
+        types = adapter.arch + "".join(f", {alias}" for alias in adapter.aliases)
+        lines.append(f"| {types} | `{adapter.cls}` | {_releases(adapter)} |")
     lines += [
         "",
         f"{len(seq2seq)} encoder-decoder model types whose decoder (and, where its positions are absolute, "
@@ -150,7 +162,7 @@ def architectures() -> str:
         "| model type | classes patched | family | positions handed to | releases |",
         "|---|---|---|---|---|",
     ]
-    for adapter in sorted(seq2seq, key=lambda a: a.arch):
+    for adapter in seq2seq:
         classes = ", ".join(f"`{cls}`" for cls in (adapter.cls, *adapter.also))
         receiver = f"`{adapter.receiver}`" if adapter.receiver else "the forward (`position_ids`)"
         row = f"| {adapter.arch} | {classes} | {adapter.family.name} | {receiver} | {_releases(adapter)} |"

@@ -25,6 +25,10 @@ MASK_437 = (
     "a left-padded cached prefix continued by several tokens stays wrong with the right positions (the "
     "release's own mask for such calls; eager too): use 4.39+"
 )
+HYBRID_CACHE = (
+    "the cache the model creates for a call without one (a HybridCache sized to that call) cannot take more "
+    "tokens: a continued call fails on stock too; use 4.53+"
+)
 NOT_VERIFIED = "not verified: hfpatch's tiny {} model {} on these releases, so the patch is left off"
 COLUMN_WINDOW = (
     "sliding window: {} decides it by cache column, so a hole from a padded cached prefix inside the "
@@ -75,7 +79,7 @@ ADAPTERS = register_all(
     Adapter("flex_olmo", "FlexOlmoModel", ROTARY, "4.57"),
     Adapter("flint", "FlintModel", ROTARY, "5.21"),
     Adapter("gemma", "GemmaModel", ROTARY, "4.38"),
-    Adapter("gemma2", "Gemma2Model", ROTARY, "4.53"),
+    Adapter("gemma2", "Gemma2Model", ROTARY, "4.42", known_bad=((">=4.45,<4.53", HYBRID_CACHE),)),
     Adapter("gemma3_text", "Gemma3TextModel", ROTARY, "4.53", package="gemma3"),
     Adapter("gemma3", "Gemma3Model", ROTARY, "4.53"),  # multimodal: builds a dict of masks for the text model
     Adapter("gemma3n_text", "Gemma3nTextModel", ROTARY, "4.56", package="gemma3n"),
@@ -125,13 +129,13 @@ ADAPTERS = register_all(
     Adapter("modernbert-decoder", "ModernBertDecoderModel", ROTARY, "4.54"),
     Adapter("moshi", "MoshiModel", ROTARY, "5.18", limits=(COLUMN_WINDOW.format("Moshi's attention"),)),
     Adapter("nanochat", "NanoChatModel", ROTARY, "5.0"),
-    Adapter("nemotron", "NemotronModel", ROTARY, "4.47"),
+    Adapter("nemotron", "NemotronModel", ROTARY, "4.44"),
     Adapter("olmo", "OlmoModel", ROTARY, "4.40"),
     Adapter("olmo2", "Olmo2Model", ROTARY, "4.47"),
     Adapter("olmo3", "Olmo3Model", ROTARY, "4.57"),
     Adapter("olmoe", "OlmoeModel", ROTARY, "4.45"),
     Adapter("persimmon", "PersimmonModel", ROTARY, "4.34"),
-    Adapter("recurrent_gemma", "RecurrentGemmaModel", ROTARY, "5.24", limits=(RECURRENT_STATE,)),
+    Adapter("recurrent_gemma", "RecurrentGemmaModel", ROTARY, "4.40", limits=(RECURRENT_STATE,)),
     Adapter("fuyu", "FuyuModel", ROTARY, "4.52"),  # multimodal: counts positions itself
     Adapter("phi", "PhiModel", ROTARY, "4.36"),
     Adapter("phi3", "Phi3Model", ROTARY, "4.41"),
