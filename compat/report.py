@@ -35,8 +35,8 @@ from hfpatch.tiny import FLAGSHIPS  # noqa: E402
 
 from matrix import FAILURE_KINDS, NOT_BUILDABLE, RELEASES, failure_kind, probe_verdict  # noqa: E402
 
-# the decoder-only adapters: the probe runs causal LMs (seq2seq decoders: tests/test_decoders.py)
-REGISTRY = {name: a for name, a in hfpatch.registry().items() if not a.family.seq2seq}
+# every adapter: the probe runs causal LMs and encoder-decoder models alike (hfpatch.verify)
+REGISTRY = dict(hfpatch.registry())
 ARCHS = list(FLAGSHIPS)  # the full suite's columns
 PROBE_TEST = "test_verify_covered_architecture["
 INVARIANTS = [  # (column, what it checks, (module, test-name prefix) pairs)

@@ -19,6 +19,7 @@ __all__ = [
     "SEQ2SEQ_OVERRIDES",
     "SEQ2SEQ_SIZES",
     "SIZES",
+    "seq2seq_auto_class",
     "tiny_config",
     "tiny_model",
     "tiny_seq2seq",
@@ -184,7 +185,6 @@ def tiny_seq2seq(model_type: str, seed: int = 0, attention: Optional[str] = None
     one, else speech-to-text), fp32, eval mode: :data:`SIZES` and :data:`SEQ2SEQ_SIZES` shrink it."""
     import torch
     import transformers
-    from transformers.models.auto import modeling_auto
 
     default = transformers.AutoConfig.for_model(model_type)
     fields = {**SEQ2SEQ_OVERRIDES.get(model_type, {}), **overrides}
@@ -194,11 +194,19 @@ def tiny_seq2seq(model_type: str, seed: int = 0, attention: Optional[str] = None
     if attention is not None:
         config._attn_implementation = attention
     torch.manual_seed(seed)
+    return seq2seq_auto_class(model_type).from_config(config).float().eval()
+
+
+def seq2seq_auto_class(model_type: str) -> Any:
+    """``AutoModelForSeq2SeqLM`` where transformers has a text-to-text class for ``model_type``, else
+    ``AutoModelForSpeechSeq2Seq``."""
+    import transformers
+    from transformers.models.auto import modeling_auto
+
     text = getattr(modeling_auto, "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES", {})
-    auto = (
+    return (
         transformers.AutoModelForSeq2SeqLM if model_type in text else transformers.AutoModelForSpeechSeq2Seq
     )
-    return auto.from_config(config).float().eval()
 
 
 def _shrunk(
