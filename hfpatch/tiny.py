@@ -64,6 +64,7 @@ _WIDE = {"sliding_window": 64, "attention_chunk_size": 64}
 # fmt: off
 OVERRIDES: dict[str, dict[str, Any]] = {
     "axk1": {"head_dim": 8, "n_group": 2, "topk_group": 1},
+    "bert": {"is_decoder": True},  # BertLMHeadModel as a decoder (its adapter's class)
     "codegen": {"rotary_dim": 8},
     "cohere_compass_text": {
         "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}},
@@ -176,6 +177,9 @@ SEQ2SEQ_SIZES = {
 SEQ2SEQ_OVERRIDES: dict[str, dict[str, Any]] = {
     "mt5": {"initializer_factor": 0.25},
     "moonshine_streaming": {"num_key_value_heads": 4},
+    # BERT decoders by default: set up as from_encoder_decoder_pretrained does
+    "encoder-decoder": {"decoder": {"is_decoder": True, "add_cross_attention": True}},
+    "speech-encoder-decoder": {"decoder": {"is_decoder": True, "add_cross_attention": True}},
 }
 _SEQ2SEQ_SUB_CONFIGS = (*_SUB_CONFIGS, "encoder_config", "decoder_config", "encoder", "decoder")
 

@@ -183,6 +183,9 @@ def verify(model: Union[str, os.PathLike, Any], static: bool = True) -> Verifica
     if seq2seq:
         probes += _encoder_probes(model, inputs, notes)
     rows = tuple(_run_scenario(model, adapter if patches else None, *probe) for probe in probes)
+    if seq2seq and patches and not adapter.family.seq2seq:
+        notes.append(f"the {adapter.arch!r} adapter patches the decoder ({adapter.cls}) only: the encoder's "
+                     "positions are transformers' (pad encoder inputs on the right)")  # fmt: skip
     if not any(probe[1].cached for probe in probes):
         notes.append("the model returns no KV cache to continue from: the cached scenarios are not probed")
     state = entry.state if entry is not None else "unknown to hfpatch"
@@ -389,6 +392,8 @@ def encoder_input(model: Any, rows: int, seed: int = 0) -> torch.Tensor:
     its encoder's positions), else ``[frames, features]`` with the features the config names."""
     generator = torch.Generator().manual_seed(seed)
     config, name = model.config, model.main_input_name
+    if name == "inputs":  # a wrapper of any encoder (speech-encoder-decoder): what its encoder takes
+        name, config = model.get_encoder().main_input_name, model.get_encoder().config
     if name == "input_ids":
         return torch.randint(3, VOCAB, (rows, 5), generator=generator)
     if name == "input_values":
@@ -400,7 +405,9 @@ def encoder_input(model: Any, rows: int, seed: int = 0) -> torch.Tensor:
         getattr(config, "input_feat_per_channel", 0) * getattr(config, "input_channels", 0),  # Speech2Text
         getattr(config, "feature_projection_input_dim", None),  # SeamlessM4T's speech encoder
     )
-    features = next(value for value in candidates if value)
+    features = next((value for value in candidates if value), None)
+    if features is None:
+        raise TypeError(f"{type(config).__name__} names no count of {name} features this probe knows")
     return torch.randn(rows, 64, features, generator=generator)
 
 
@@ -408,7 +415,8 @@ def _probes(model: Any, adapter: Optional[Adapter], static: bool, inputs: Inputs
     """(name, scenario, cache factory, mask width, inputs) for each scenario this model can run."""
     seq2seq = _is_seq2seq(model)
     prefix = "decoder: " if seq2seq else ""
-    name = cache_name(model) if _returns_a_cache(model, inputs) else None
+    cached = _cache_inputs(model, inputs)
+    name, inputs = (cache_name(model), cached) if cached is not None else (None, inputs)
     probes = [(prefix + s.name, s, None, None, inputs) for s in SCENARIOS if name is not None or not s.cached]
     if seq2seq:  # a StaticCache per stack, windows and rope scaling of a decoder: not probed yet
         return probes
@@ -582,14 +590,24 @@ def new_static_cache(model: Any, batch: int, length: int, device: str = "cpu") -
         return transformers.StaticCache(**kwargs, batch_size=batch, device=device, dtype=torch.float32)
 
 
-def _returns_a_cache(model: Any, inputs: Inputs = DECODER_ONLY) -> bool:
-    """The model hands back a KV cache to continue from (some keep their state inside instead)."""
+def _cache_inputs(model: Any, inputs: Inputs = DECODER_ONLY) -> Optional[Inputs]:
+    """``inputs`` (or with ``use_cache=True`` passed, where the config does not say it) where the model
+    hands back a KV cache to continue from; None where it does not (some keep their state inside)."""
     if cache_name(model) is None:
-        return False
-    with torch.no_grad():
-        flag = {"use_cache": True} if inputs.use_cache else {}
-        out = model(**{inputs.ids: torch.tensor([[5, 6]])}, **inputs.row(0, 1), **flag)
-    return output_cache(out) is not None
+        return None
+    tries = [inputs] if inputs.use_cache else [inputs, inputs._replace(use_cache=True)]
+    for i, attempt in enumerate(tries):
+        flag = {"use_cache": True} if attempt.use_cache else {}
+        try:
+            with torch.no_grad():
+                out = model(**{attempt.ids: torch.tensor([[5, 6]])}, **attempt.row(0, 1), **flag)
+        except Exception:  # noqa: BLE001 - the flag passed on where it is not taken: no cache to probe
+            if i == 0:
+                raise
+            return None
+        if output_cache(out) is not None:
+            return attempt
+    return None
 
 
 def _takes_static_cache(model: Any) -> bool:

@@ -31,7 +31,7 @@ PARAMS = [
 # the causal-LM model types of the newest release that status() does not list: encoders with an LM head
 # and decoders of encoder-decoder models outside the seq2seq mappings (those: hfpatch/adapters/seq2seq.py)
 NOT_DECODER_ONLY = {
-    "bert", "bert-generation", "big_bird", "camembert", "data2vec-text", "electra", "ernie", "megatron-bert",
+    "bert-generation", "big_bird", "camembert", "data2vec-text", "electra", "ernie", "megatron-bert",
     "rembert", "roberta", "roberta-prelayernorm", "roc_bert", "roformer", "trocr", "xlm",
     "xlm-roberta", "xlm-roberta-xl", "xlnet", "xmod",
 }  # fmt: skip

@@ -18,8 +18,9 @@ QWEN_VL = (
 )
 OWN_ARANGE = "the wrapper passes its own arange(past, past + new) positions to the patched {}, so the patch never derives any"
 SEQ2SEQ_WRAPPER = (
-    "runs the decoder of its decoder config: a patched decoder-only class (GPT-2 ...: measured fixed on 5.24.0) "
-    "or BERT as a decoder (BertLMHeadModel: not covered; decoder positions by hand fix it)"
+    "runs the decoder of its decoder config: a patched decoder-only class (GPT-2 ...), or BERT as a decoder "
+    "(BertLMHeadModel, patched by the 'bert' adapter): measured fixed on 5.24.0 (hfpatch verify); its encoder "
+    "is not patched: a BERT encoder's positions are wrong for left-padded encoder inputs (pad on the right)"
 )
 NOT_MEASURED = "not measured ({})"
 
