@@ -56,9 +56,8 @@ def read_plan(adapter: Any, forward: Callable, owner: Optional[type] = None) -> 
         raise TypeError(f"cannot read the signature of {adapter.target}: {exc}") from exc
     names = [p.name for p in params]
     # a forward whose positions are handed to its position module (hfpatch.decoders) takes none itself
-    required = (
-        REQUIRED if adapter.family.hands_to is None else tuple(n for n in REQUIRED if n != "position_ids")
-    )
+    # (and reads only the ids and the mask: SpeechT5's text prenet takes no inputs_embeds)
+    required = REQUIRED if adapter.family.hands_to is None else ("input_ids", "attention_mask")
     missing = [name for name in required if name not in names]
     if not names or names[0] != "self":
         missing.insert(0, "self")

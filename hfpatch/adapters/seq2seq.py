@@ -98,6 +98,8 @@ ADAPTERS = register_all(
     _padded("seamless_m4t", "SeamlessM4T"),
     _padded("seamless_m4t_v2", "SeamlessM4Tv2"),
     Adapter("speech_to_text", "Speech2TextDecoder", PADDED_POSITION_TABLE, "4.57", receiver="Speech2TextSinusoidalPositionalEmbedding"),
+    # the decoder takes hidden states: its text prenet (ids, the decoder's mask and cache) holds the table
+    Adapter("speecht5", "SpeechT5TextDecoderPrenet", PADDED_POSITION_TABLE, "4.57", receiver="SpeechT5SinusoidalPositionalEmbedding"),
     _t5_like("t5", "T5"),
     _t5_like("mt5", "MT5"),
     _t5_like("umt5", "UMT5"),

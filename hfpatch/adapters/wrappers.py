@@ -63,7 +63,6 @@ UNDECLARED = declare_all(
     Undeclared("xlm-prophetnet", NOT_FIXABLE, "ProphetNet's n-gram stream decoder (see prophetnet)"),
     Undeclared("nemo_speechlm", NOT_FIXABLE, "its language model is NemotronH: a Mamba2 state absorbs pads"),
     Undeclared("dia", NOT_COVERED, "decoder inputs are [batch, tokens, channels] audio codes, which hfpatch's filler does not read; decoder_position_ids by hand fix it"),
-    Undeclared("speecht5", NOT_COVERED, "positions come from the text prenet's table past the pad id, inside a decoder that takes hidden states: not patched yet (positions handed to the prenet's table fix it)"),
     _unmeasured("vibevoice_asr", "its tiny model is too big to build"),
     _unmeasured("vibevoice", "its tiny model is too big to build"),
     _unmeasured("voxtral_realtime", "needs encoder inputs the probe did not build"),
