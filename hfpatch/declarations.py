@@ -48,6 +48,8 @@ class Family(NamedTuple):
             every attention layer of the call that has one.
         seq2seq: inside an encoder-decoder model (its decoder, or its encoder): ``verify()`` and the
             release probe, which run causal LMs, leave it to ``tests/test_decoders.py``.
+        ids_rank: the rank of the patched forward's ``input_ids``: 3 for ``[batch, tokens, channels]``
+            audio codes (Dia), whose forward takes no ``inputs_embeds``.
     """
 
     name: str
@@ -57,6 +59,7 @@ class Family(NamedTuple):
     hands_to: Optional[str] = None
     position_module: Optional[str] = None
     seq2seq: bool = False
+    ids_rank: int = 2
 
 
 class Adapter(NamedTuple):

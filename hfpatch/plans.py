@@ -38,6 +38,7 @@ class Plan(NamedTuple):
     attached_cache: Optional[str] = None  # where 4.38-4.40 ``_setup_cache`` keeps a static cache
     eager_mask_attr: Optional[str] = None  # see ``Adapter.eager_mask``: only where its releases match
     window: Any = None  # a ``hfpatch.windows.WindowPlan`` where the class's own masks apply a window
+    ids_rank: int = 2  # ``Family.ids_rank``: 3 for audio codes ``[batch, tokens, channels]``
 
 
 def attaches_static_caches(model: Any) -> bool:
@@ -58,6 +59,8 @@ def read_plan(adapter: Any, forward: Callable, owner: Optional[type] = None) -> 
     # a forward whose positions are handed to its position module (hfpatch.decoders) takes none itself
     # (and reads only the ids and the mask: SpeechT5's text prenet takes no inputs_embeds)
     required = REQUIRED if adapter.family.hands_to is None else ("input_ids", "attention_mask")
+    if adapter.family.ids_rank != 2:  # audio codes: no inputs_embeds
+        required = tuple(name for name in required if name != "inputs_embeds")
     missing = [name for name in required if name not in names]
     if not names or names[0] != "self":
         missing.insert(0, "self")
@@ -86,6 +89,7 @@ def read_plan(adapter: Any, forward: Callable, owner: Optional[type] = None) -> 
         eager_mask_attr=eager_mask[1] if in_era else None,
         # a seq2seq decoder's window stays transformers' (its masks merge self and cross attention)
         window=window_plan(owner) if owner is not None and not adapter.family.seq2seq else None,
+        ids_rank=adapter.family.ids_rank,
     )
 
 

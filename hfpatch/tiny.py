@@ -175,6 +175,14 @@ SEQ2SEQ_SIZES = {
 }  # fmt: skip
 # per model type, on top (untied LM heads give large logits at init: float noise would pass 1e-5)
 SEQ2SEQ_OVERRIDES: dict[str, dict[str, Any]] = {
+    "dia": {
+        "decoder_config": {
+            "cross_hidden_size": 64,
+            "cross_head_dim": 16,
+            "cross_num_attention_heads": 4,
+            "cross_num_key_value_heads": 4,
+        }
+    },
     "mt5": {"initializer_factor": 0.25},
     "moonshine_streaming": {"num_key_value_heads": 4},
     # BERT decoders by default: set up as from_encoder_decoder_pretrained does

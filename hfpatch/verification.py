@@ -289,7 +289,7 @@ def _check_runs(model: Any, model_type: str, inputs: Inputs) -> None:
     """An encoder-decoder model runs a plain call: two decoder tokens after one row's encoder input."""
     try:
         with torch.no_grad(), engine.unpatched():
-            model(**{inputs.ids: torch.tensor([[5, 6]])}, **inputs.row(0, 1))
+            model(**{inputs.ids: inputs.tokens(torch.tensor([[5, 6]]))}, **inputs.row(0, 1))
     except Exception as exc:  # noqa: BLE001 - the model cannot run a plain call: report it in one line
         names = ", ".join(name for name, _ in inputs.fixed)
         raise CannotVerify(
@@ -345,6 +345,13 @@ class Inputs(NamedTuple):
     # pass use_cache=True; an encoder-decoder model's config says it already (SwitchTransformers hands the
     # flag to its encoder too, which raises)
     use_cache: bool = True
+    channels: int = (
+        0  # decoder inputs of audio codes [batch, tokens, channels] (Dia): each token on every one
+    )
+
+    def tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        """``ids`` ``[batch, tokens]`` as the model takes them."""
+        return ids[..., None].expand(*ids.shape, self.channels).contiguous() if self.channels else ids
 
     def cache_kwargs(self, name: Optional[str], cache: Any) -> dict[str, Any]:
         """The cache argument (``name``: the release's, None for no cache) and the ``use_cache`` flag."""
@@ -356,7 +363,13 @@ class Inputs(NamedTuple):
         return {name: value[r : r + batch] for name, value in self.fixed}
 
     def outputs(self, out: Any) -> torch.Tensor:
-        return out.encoder_last_hidden_state if self.encoder else _outputs(out)
+        """``[batch, tokens, ...]``: audio codes' logits ``[batch * channels, tokens, vocab]`` regrouped."""
+        if self.encoder:
+            return out.encoder_last_hidden_state
+        logits = _outputs(out)
+        if self.channels:
+            return logits.reshape(-1, self.channels, *logits.shape[1:]).transpose(1, 2)
+        return logits
 
 
 DECODER_ONLY = Inputs()
@@ -379,11 +392,19 @@ def _seq2seq_inputs(model: Any, model_type: str) -> Inputs:
         raise CannotVerify(
             f"{model_type}: cannot build its encoder input from the config: {_first_line(exc)}"
         ) from exc
-    pad = getattr(model.config, "pad_token_id", None)
-    pad = pad if isinstance(pad, int) else PAD
+    decoder = getattr(model.config, "decoder_config", None)  # Dia's (the others keep theirs on the config)
+    pad = next(
+        (
+            p
+            for p in (getattr(c, "pad_token_id", None) for c in (model.config, decoder))
+            if isinstance(p, int)
+        ),
+        PAD,
+    )
+    channels = getattr(decoder, "num_channels", None) or 0  # audio codes: [batch, tokens, channels]
     fixed = ((model.main_input_name, encoder),)
     names = ("decoder_input_ids", "decoder_attention_mask", "decoder_position_ids")
-    return Inputs(*names, fixed, pad, use_cache=False)
+    return Inputs(*names, fixed, pad, use_cache=False, channels=channels)
 
 
 def encoder_input(model: Any, rows: int, seed: int = 0) -> torch.Tensor:
@@ -448,7 +469,7 @@ def _encoder_probes(model: Any, decoder: Inputs, notes: list[str]) -> list[Probe
         notes.append(f"the encoder takes {model.main_input_name}: encoder padding is not probed")
         return []
     tokens = torch.tensor([row[:3] for row in _rows(ENCODER_SCENARIO, decoder.pad)])  # 3 decoder tokens each
-    inputs = Inputs(fixed=(("decoder_input_ids", tokens),), pad=decoder.pad, encoder=True)
+    inputs = Inputs(fixed=(("decoder_input_ids", decoder.tokens(tokens)),), pad=decoder.pad, encoder=True)
     return [(ENCODER_SCENARIO.name, ENCODER_SCENARIO, None, None, inputs)]
 
 
@@ -521,7 +542,9 @@ def _run(
         )
         kwargs = inputs.cache_kwargs(name, cache)
         with torch.no_grad():
-            out = call(**{inputs.ids: ids, inputs.mask: call_mask}, **inputs.row(0, batch), **kwargs)
+            out = call(
+                **{inputs.ids: inputs.tokens(ids), inputs.mask: call_mask}, **inputs.row(0, batch), **kwargs
+            )
         returned = output_cache(out) if kwargs else None
         cache = returned if returned is not None else cache  # some releases return a new cache object
         for r, (n, start) in enumerate(zip(counts, starts)):
@@ -532,7 +555,9 @@ def _run(
 def _diff(model: Any, r: int, row: Sequence[int], got: torch.Tensor, inputs: Inputs = DECODER_ONLY) -> float:
     """Row ``r`` alone (its tokens unpadded, its own fixed inputs, one call, no mask) against ``got``."""
     with torch.no_grad():
-        alone = inputs.outputs(model(**{inputs.ids: torch.tensor([list(row)])}, **inputs.row(r, 1)))[0]
+        alone = inputs.outputs(
+            model(**{inputs.ids: inputs.tokens(torch.tensor([list(row)]))}, **inputs.row(r, 1))
+        )[0]
     return (alone - got).abs().max().item()
 
 
@@ -600,7 +625,9 @@ def _cache_inputs(model: Any, inputs: Inputs = DECODER_ONLY) -> Optional[Inputs]
         flag = {"use_cache": True} if attempt.use_cache else {}
         try:
             with torch.no_grad():
-                out = model(**{attempt.ids: torch.tensor([[5, 6]])}, **attempt.row(0, 1), **flag)
+                out = model(
+                    **{attempt.ids: attempt.tokens(torch.tensor([[5, 6]]))}, **attempt.row(0, 1), **flag
+                )
         except Exception:  # noqa: BLE001 - the flag passed on where it is not taken: no cache to probe
             if i == 0:
                 raise

@@ -30,6 +30,10 @@ POSITION_IDS_ROTARY = Family("rotary decoder", left_padding_wrong_on_stock=False
 POSITION_IDS_MERGED = Family(
     "rotary decoder, merged attention", left_padding_wrong_on_stock=True, seq2seq=True
 )
+# RoPE, decoder inputs of audio codes [batch, tokens, channels] (Dia)
+POSITION_IDS_CODES = Family(
+    "rotary decoder, audio codes", left_padding_wrong_on_stock=False, seq2seq=True, ids_rank=3
+)
 COLUMN_WINDOW = (
     "sliding window: decided by cache column (transformers'), so a hole from a padded cached prefix inside "
     "the window stays wrong; prefixes shorter than the window are exact"
@@ -112,6 +116,7 @@ ADAPTERS = register_all(
     Adapter("canary", "CanaryDecoder", POSITION_IDS_ABSOLUTE, "5.24"),
     Adapter("cohere_asr", "CohereAsrDecoder", POSITION_IDS_ABSOLUTE, "5.24"),
     Adapter("moonshine", "MoonshineDecoder", POSITION_IDS_ROTARY, "4.57"),
+    Adapter("dia", "DiaDecoder", POSITION_IDS_CODES, "4.57"),
     Adapter("moonshine_streaming", "MoonshineStreamingDecoder", POSITION_IDS_ROTARY, "5.5"),
 )
 # fmt: on

@@ -62,7 +62,6 @@ UNDECLARED = declare_all(
     Undeclared("prophetnet", NOT_FIXABLE, "n-gram stream decoder: right padding in one call and each row alone through the cache are off already; its position module returns a tuple"),
     Undeclared("xlm-prophetnet", NOT_FIXABLE, "ProphetNet's n-gram stream decoder (see prophetnet)"),
     Undeclared("nemo_speechlm", NOT_FIXABLE, "its language model is NemotronH: a Mamba2 state absorbs pads"),
-    Undeclared("dia", NOT_COVERED, "decoder inputs are [batch, tokens, channels] audio codes, which hfpatch's filler does not read; decoder_position_ids by hand fix it"),
     _unmeasured("vibevoice_asr", "its tiny model is too big to build"),
     _unmeasured("vibevoice", "its tiny model is too big to build"),
     _unmeasured("voxtral_realtime", "needs encoder inputs the probe did not build"),
