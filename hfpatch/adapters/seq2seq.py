@@ -106,7 +106,7 @@ ADAPTERS = register_all(
     Adapter("speecht5", "SpeechT5TextDecoderPrenet", PADDED_POSITION_TABLE, "4.57", receiver="SpeechT5SinusoidalPositionalEmbedding"),
     _t5_like("t5", "T5"),
     _t5_like("mt5", "MT5"),
-    _t5_like("umt5", "UMT5"),
+    _t5_like("umt5", "UMT5")._replace(known_bad=((">=5.15,<5.18", "UMT5 with SDPA attention (new in 5.15) is wrong on stock with any padded decoder mask, positions aside (right padding in one call, unpadded rows too): use 5.18+"),)),
     _t5_like("longt5", "LongT5"),
     _t5_like("switch_transformers", "SwitchTransformers"),
     _t5_like("pop2piano", "Pop2Piano"),
