@@ -47,7 +47,8 @@ class Family(NamedTuple):
             instance that takes this call's positions); ``None`` for the relative bias, computed by
             every attention layer of the call that has one.
         seq2seq: inside an encoder-decoder model (its decoder, or its encoder): ``verify()`` and the
-            release probe, which run causal LMs, leave it to ``tests/test_decoders.py``.
+            release probe run it on the tiny encoder-decoder model (``hfpatch.tiny.tiny_seq2seq``), and
+            ``tests/test_decoders.py`` checks it against its own reference.
         ids_rank: the rank of the patched forward's ``input_ids``: 3 for ``[batch, tokens, channels]``
             audio codes (Dia), whose forward takes no ``inputs_embeds``.
     """

@@ -15,9 +15,10 @@ where the positions go (:mod:`hfpatch.decoders`):
   class; a uniform left shift cancels in the encoder, and stays exact).
 
 Each row: model type, the class patched, family, first release of its range, the receiver class, the
-encoder classes. Measured on 4.57.6, 5.5.4 and 5.24.0 where the release ships the model
-(tests/test_decoders.py; CohereASR on 5.24.0 only: on 5.5.4 its cached call sees an empty cache);
-the releases between were not run.
+encoder classes. Measured (tests/test_decoders.py) on 4.57.6, 5.0.0, 5.3.0, 5.5.4, 5.10.4, 5.16.1,
+5.20.2 and 5.24.0 where the release ships the model, and on 4.56.2 with ``--outside-ranges`` (CohereASR
+on 5.24.0 only: on 5.5.4 its cached call sees an empty cache); the other releases were not run: the
+architecture probe (compat/probe_matrix.sh, ``hfpatch.verify``) runs every one.
 """
 
 from ..declarations import PADDED_TABLE, RELATIVE_BIAS, SINUSOID, TABLE, Adapter, Family
