@@ -174,14 +174,15 @@ SEQ2SEQ_SIZES = {
 
 }  # fmt: skip
 # per model type, on top (untied LM heads give large logits at init: float noise would pass 1e-5)
+# fmt: off
 SEQ2SEQ_OVERRIDES: dict[str, dict[str, Any]] = {
     "dia": {
         "decoder_config": {
-            "cross_hidden_size": 64,
-            "cross_head_dim": 16,
-            "cross_num_attention_heads": 4,
+            "cross_hidden_size": 64, "cross_head_dim": 16, "cross_num_attention_heads": 4,
             "cross_num_key_value_heads": 4,
-        }
+        },
+        # 5.0-5.x set the decoder's special ids from these (a pad id past the tiny vocabulary otherwise)
+        "pad_token_id": PAD, "bos_token_id": 1, "eos_token_id": 2,
     },
     "mt5": {"initializer_factor": 0.25},
     "moonshine_streaming": {"num_key_value_heads": 4},
@@ -189,6 +190,7 @@ SEQ2SEQ_OVERRIDES: dict[str, dict[str, Any]] = {
     "encoder-decoder": {"decoder": {"is_decoder": True, "add_cross_attention": True}},
     "speech-encoder-decoder": {"decoder": {"is_decoder": True, "add_cross_attention": True}},
 }
+# fmt: on
 _SEQ2SEQ_SUB_CONFIGS = (*_SUB_CONFIGS, "encoder_config", "decoder_config", "encoder", "decoder")
 
 

@@ -175,7 +175,7 @@ def verify(model: Union[str, os.PathLike, Any], static: bool = True) -> Verifica
         _check_causal(model, model_type)
     adapter = _adapter_of_class(model) or engine.adapter_for(model_type)
     entry = engine.status().get(adapter.arch if adapter is not None else model_type)
-    notes = list(_limits(model, adapter))
+    notes = list(_limits(model, adapter, probed=not seq2seq))
     if entry is not None and entry.reason and entry.state != engine.APPLIED:
         notes.append(entry.reason)
     patches = adapter is not None and entry is not None and entry.support in ("tested", "untested newer")
@@ -307,8 +307,12 @@ def _adapter_of_class(model: Any) -> Optional[Adapter]:
     return None
 
 
-def _limits(model: Any, adapter: Optional[Adapter]) -> list[str]:
+def _limits(model: Any, adapter: Optional[Adapter], probed: bool = True) -> list[str]:
+    """The adapter's declared limits, and (``probed``: a decoder-only model, whose windows and rope
+    scaling the scenarios reach) what its config sets that the scenarios do not probe."""
     notes = list(adapter.limits) if adapter is not None else []
+    if not probed:
+        return notes
     window = smallest_window(model)
     configured = configured_window(model)
     if configured and (adapter is None or not positional(model, adapter.cls)):
