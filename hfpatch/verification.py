@@ -182,6 +182,8 @@ def verify(model: Union[str, os.PathLike, Any], static: bool = True) -> Verifica
     probes = _probes(model, adapter, static and adapter is not None, inputs)
     if seq2seq:
         probes += _encoder_probes(model, inputs, notes)
+        if static:
+            notes.append("an encoder-decoder model's StaticCache is not probed (dynamic caches only)")
     rows = tuple(_run_scenario(model, adapter if patches else None, *probe) for probe in probes)
     if seq2seq and patches and not adapter.family.seq2seq:
         notes.append(f"the {adapter.arch!r} adapter patches the decoder ({adapter.cls}) only: the encoder's "
