@@ -35,7 +35,8 @@ from hfpatch.tiny import FLAGSHIPS  # noqa: E402
 
 from matrix import FAILURE_KINDS, NOT_BUILDABLE, RELEASES, failure_kind, probe_verdict  # noqa: E402
 
-REGISTRY = hfpatch.registry()
+# every adapter: the probe runs causal LMs and encoder-decoder models alike (hfpatch.verify)
+REGISTRY = dict(hfpatch.registry())
 ARCHS = list(FLAGSHIPS)  # the full suite's columns
 INVARIANTS = [  # (column, what it checks, (module, test-name prefix) pairs)
     ("I1", "padding / cache-split equivalence", [("test_seed_scenarios", ""), ("test_invariant", "")]),

@@ -26,7 +26,8 @@ examples:
 exit status:
   0    every model checked is exact with hfpatch (or right on stock)
   1    a model checked is wrong with hfpatch installed
-  2    cannot run: bad arguments, no such checkpoint or model type, not a causal LM
+  2    cannot run: bad arguments, no such checkpoint or model type, neither a causal LM nor an
+       encoder-decoder model (or its tiny model cannot be built or run)
   126  run: the command cannot be executed; 127: it was not found (else: the command's own status)
 """
 
@@ -130,7 +131,7 @@ def architectures() -> str:
     from .support import NEWEST_TESTED
 
     adapters = sorted(engine.registry().values(), key=lambda a: a.arch)
-    registry = [a for a in adapters if a.family.probed]
+    registry = [a for a in adapters if not (a.family.seq2seq or a.family.multimodal)]
     multimodal = [a for a in adapters if a.family.multimodal]
     seq2seq = [a for a in adapters if a.family.seq2seq]
     lines = [

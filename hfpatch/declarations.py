@@ -47,7 +47,10 @@ class Family(NamedTuple):
             instance that takes this call's positions); ``None`` for the relative bias, computed by
             every attention layer of the call that has one.
         seq2seq: inside an encoder-decoder model (its decoder, or its encoder): ``verify()`` and the
-            release probe, which run causal LMs, leave it to ``tests/test_decoders.py``.
+            release probe run it on the tiny encoder-decoder model (``hfpatch.tiny.tiny_seq2seq``), and
+            ``tests/test_decoders.py`` checks it against its own reference.
+        ids_rank: the rank of the patched forward's ``input_ids``: 3 for ``[batch, tokens, channels]``
+            audio codes (Dia), whose forward takes no ``inputs_embeds``.
         multimodal: the text path of an image-text-to-text model that is no causal LM of its own
             (PaliGemma's wrapper, the text model of Qwen2-VL ...): ``verify()`` and the release probe
             leave it to ``tests/test_wrappers.py``; windows stay transformers' (the wrapper builds the
@@ -61,12 +64,13 @@ class Family(NamedTuple):
     hands_to: Optional[str] = None
     position_module: Optional[str] = None
     seq2seq: bool = False
+    ids_rank: int = 2
     multimodal: bool = False
 
     @property
     def probed(self) -> bool:
-        """Whether its model types are causal LMs that ``verify()`` and the release probe run."""
-        return not (self.seq2seq or self.multimodal)
+        """Whether ``verify()`` and the release probe run its model types (causal LMs, encoder-decoder)."""
+        return not self.multimodal
 
 
 class Adapter(NamedTuple):

@@ -144,7 +144,7 @@ def _take_cache(plan: Plan, kwargs: dict) -> Any:
 def fill_positions(model: Any, plan: Plan, kwargs: dict, cache: Any) -> Derived:
     """Releases without ``cache_position`` (and the growing caches of every release): positions only."""
     mask = _mask_to_read(kwargs)
-    tokens = _inputs(kwargs) if mask is not None else None
+    tokens = _inputs(kwargs, plan.ids_rank) if mask is not None else None
     if tokens is None:
         return None
     num_new, mask_len = tokens.shape[1], _checked_length(mask, tokens)
@@ -167,7 +167,7 @@ def fill_slots(model: Any, plan: Plan, kwargs: dict, cache: Any) -> Derived:
     size = caches.capacity(static)
     if size is None:  # a growing cache (or none): transformers' own slots are right
         return fill_positions(model, plan, kwargs, cache)
-    call = _call_inputs(kwargs)
+    call = _call_inputs(kwargs, plan.ids_rank)
     if call is None:
         return None
     tokens, num_new, mask = call
@@ -200,7 +200,7 @@ def fill_removed_slots(model: Any, plan: Plan, kwargs: dict, cache: Any) -> Deri
     given = kwargs.pop("cache_position", None)
     if given is None:
         return fill_positions(model, plan, kwargs, cache)
-    call = _call_inputs(kwargs)
+    call = _call_inputs(kwargs, plan.ids_rank)
     if call is None:
         return None
     _, num_new, mask = call
@@ -234,10 +234,10 @@ def _mask_to_read(kwargs: dict) -> Optional[torch.Tensor]:
     return mask if isinstance(mask, torch.Tensor) and mask.dim() != 4 else None
 
 
-def _call_inputs(kwargs: dict) -> Optional[tuple[torch.Tensor, int, Optional[torch.Tensor]]]:
+def _call_inputs(kwargs: dict, rank: int = 2) -> Optional[tuple[torch.Tensor, int, Optional[torch.Tensor]]]:
     """(the inputs, how many new tokens, the mask positions are derived from: checked, or None), or
     None for a call without inputs hfpatch reads (see :func:`_inputs`)."""
-    tokens = _inputs(kwargs)
+    tokens = _inputs(kwargs, rank)
     if tokens is None:
         return None
     mask = _mask_to_read(kwargs)
@@ -252,10 +252,11 @@ def _mask_length(kwargs: dict) -> Optional[int]:
     return mask.shape[1] if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
 
 
-def _inputs(kwargs: dict) -> Optional[torch.Tensor]:
-    """``input_ids`` ``[batch, new]`` or ``inputs_embeds`` ``[batch, new, hidden]``; ``None`` for none
-    (transformers raises its own error) or GPT-2's multiple-choice ``[batch, choices, tokens]`` (stock)."""
-    tokens, rank = kwargs.get("input_ids"), 2
+def _inputs(kwargs: dict, rank: int = 2) -> Optional[torch.Tensor]:
+    """``input_ids`` ``[batch, new]`` (``rank`` 3: audio codes ``[batch, new, channels]``) or
+    ``inputs_embeds`` ``[batch, new, hidden]``; ``None`` for none (transformers raises its own error) or
+    GPT-2's multiple-choice ``[batch, choices, tokens]`` (stock)."""
+    tokens = kwargs.get("input_ids")
     if tokens is None:
         tokens, rank = kwargs.get("inputs_embeds"), 3
     return tokens if tokens is not None and tokens.dim() == rank else None

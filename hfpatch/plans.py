@@ -38,6 +38,7 @@ class Plan(NamedTuple):
     attached_cache: Optional[str] = None  # where 4.38-4.40 ``_setup_cache`` keeps a static cache
     eager_mask_attr: Optional[str] = None  # see ``Adapter.eager_mask``: only where its releases match
     window: Any = None  # a ``hfpatch.windows.WindowPlan`` where the class's own masks apply a window
+    ids_rank: int = 2  # ``Family.ids_rank``: 3 for audio codes ``[batch, tokens, channels]``
 
 
 def attaches_static_caches(model: Any) -> bool:
@@ -56,9 +57,10 @@ def read_plan(adapter: Any, forward: Callable, owner: Optional[type] = None) -> 
         raise TypeError(f"cannot read the signature of {adapter.target}: {exc}") from exc
     names = [p.name for p in params]
     # a forward whose positions are handed to its position module (hfpatch.decoders) takes none itself
-    required = (
-        REQUIRED if adapter.family.hands_to is None else tuple(n for n in REQUIRED if n != "position_ids")
-    )
+    # (and reads only the ids and the mask: SpeechT5's text prenet takes no inputs_embeds)
+    required = REQUIRED if adapter.family.hands_to is None else ("input_ids", "attention_mask")
+    if adapter.family.ids_rank != 2:  # audio codes: no inputs_embeds
+        required = tuple(name for name in required if name != "inputs_embeds")
     missing = [name for name in required if name not in names]
     if not names or names[0] != "self":
         missing.insert(0, "self")
@@ -75,7 +77,8 @@ def read_plan(adapter: Any, forward: Callable, owner: Optional[type] = None) -> 
     version, eager_mask = installed_transformers(), adapter.eager_mask
     in_era = eager_mask is not None and version is not None and in_range(eager_mask[0], version)
     cache_kw = next((name for name in CACHE_NAMES if name in names), None)
-    attached = adapter.family.attached_cache if era == SLOTS and attaches_static_caches(owner) else None
+    family = adapter.family
+    attached = family.attached_cache if era == SLOTS and attaches_static_caches(owner) else None
     from .windows import window_plan  # imports torch: only here, at install
 
     return Plan(
@@ -87,7 +90,8 @@ def read_plan(adapter: Any, forward: Callable, owner: Optional[type] = None) -> 
         eager_mask_attr=eager_mask[1] if in_era else None,
         # a seq2seq decoder's window stays transformers' (its masks merge self and cross attention), and
         # a multimodal wrapper's (it builds the masks, or its text model does from the 2-D mask)
-        window=window_plan(owner) if owner is not None and adapter.family.probed else None,
+        window=None if owner is None or family.seq2seq or family.multimodal else window_plan(owner),
+        ids_rank=family.ids_rank,
     )
 
 

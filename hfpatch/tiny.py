@@ -20,6 +20,7 @@ __all__ = [
     "SEQ2SEQ_SIZES",
     "SIZES",
     "MULTIMODAL_OVERRIDES",
+    "seq2seq_auto_class",
     "tiny_config",
     "tiny_model",
     "tiny_multimodal",
@@ -65,6 +66,7 @@ _WIDE = {"sliding_window": 64, "attention_chunk_size": 64}
 # fmt: off
 OVERRIDES: dict[str, dict[str, Any]] = {
     "axk1": {"head_dim": 8, "n_group": 2, "topk_group": 1},
+    "bert": {"is_decoder": True},  # BertLMHeadModel as a decoder (its adapter's class)
     "codegen": {"rotary_dim": 8},
     "cohere_compass_text": {
         "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}},
@@ -225,10 +227,23 @@ SEQ2SEQ_SIZES = {
 
 }  # fmt: skip
 # per model type, on top (untied LM heads give large logits at init: float noise would pass 1e-5)
+# fmt: off
 SEQ2SEQ_OVERRIDES: dict[str, dict[str, Any]] = {
+    "dia": {
+        "decoder_config": {
+            "cross_hidden_size": 64, "cross_head_dim": 16, "cross_num_attention_heads": 4,
+            "cross_num_key_value_heads": 4,
+        },
+        # 5.0-5.x set the decoder's special ids from these (a pad id past the tiny vocabulary otherwise)
+        "pad_token_id": PAD, "bos_token_id": 1, "eos_token_id": 2,
+    },
     "mt5": {"initializer_factor": 0.25},
     "moonshine_streaming": {"num_key_value_heads": 4},
+    # BERT decoders by default: set up as from_encoder_decoder_pretrained does
+    "encoder-decoder": {"decoder": {"is_decoder": True, "add_cross_attention": True}},
+    "speech-encoder-decoder": {"decoder": {"is_decoder": True, "add_cross_attention": True}},
 }
+# fmt: on
 _SEQ2SEQ_SUB_CONFIGS = (*_SUB_CONFIGS, "encoder_config", "decoder_config", "encoder", "decoder")
 
 
@@ -237,7 +252,6 @@ def tiny_seq2seq(model_type: str, seed: int = 0, attention: Optional[str] = None
     one, else speech-to-text), fp32, eval mode: :data:`SIZES` and :data:`SEQ2SEQ_SIZES` shrink it."""
     import torch
     import transformers
-    from transformers.models.auto import modeling_auto
 
     default = transformers.AutoConfig.for_model(model_type)
     fields = {**SEQ2SEQ_OVERRIDES.get(model_type, {}), **overrides}
@@ -247,11 +261,19 @@ def tiny_seq2seq(model_type: str, seed: int = 0, attention: Optional[str] = None
     if attention is not None:
         config._attn_implementation = attention
     torch.manual_seed(seed)
+    return seq2seq_auto_class(model_type).from_config(config).float().eval()
+
+
+def seq2seq_auto_class(model_type: str) -> Any:
+    """``AutoModelForSeq2SeqLM`` where transformers has a text-to-text class for ``model_type``, else
+    ``AutoModelForSpeechSeq2Seq``."""
+    import transformers
+    from transformers.models.auto import modeling_auto
+
     text = getattr(modeling_auto, "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES", {})
-    auto = (
+    return (
         transformers.AutoModelForSeq2SeqLM if model_type in text else transformers.AutoModelForSpeechSeq2Seq
     )
-    return auto.from_config(config).float().eval()
 
 
 def _shrunk(

@@ -22,7 +22,7 @@ from .plans import attaches_static_caches
 from .positions import new_token_positions
 from .rope import per_row_scaling, scaled_rope
 from .support import installed_transformers
-from .tiny import PAD, VOCAB, tiny_model
+from .tiny import PAD, VOCAB, seq2seq_auto_class, tiny_model, tiny_seq2seq
 from .windows import configured_window, positional, smallest_window
 
 __all__ = [
@@ -30,10 +30,12 @@ __all__ = [
     "TOLERANCE",
     "WRONG",
     "CannotVerify",
+    "Inputs",
     "Row",
     "Scenario",
     "Verification",
     "cache_name",
+    "encoder_input",
     "new_static_cache",
     "output_cache",
     "verify",
@@ -100,6 +102,7 @@ class Verification(NamedTuple):
     rows: tuple[Row, ...]
     notes: tuple[str, ...]
     patches: bool = True  # an adapter of hfpatch patches this model on the installed release
+    by_hand: bool = True  # not patched: the second column passed positions by hand (False: it takes none)
 
     @property
     def ok(self) -> bool:
@@ -123,6 +126,8 @@ class Verification(NamedTuple):
             return "WRONG with hfpatch"
         if self.ok:
             return "right on stock (hfpatch does not patch it)"
+        if not self.by_hand:
+            return "wrong on stock (hfpatch does not patch it; it takes no positions to pass by hand)"
         if by_hand_ok:
             return "wrong on stock; positions from the mask would fix it, but hfpatch does not patch it"
         return "wrong on stock, and positions from the mask do not fix it (hfpatch does not patch it)"
@@ -150,33 +155,50 @@ def verify(model: Union[str, os.PathLike, Any], static: bool = True) -> Verifica
     where the model returns a cache). Each runs on stock and with hfpatch's patch for this model, in
     this thread only, and every real token is compared with its row run alone. For a model hfpatch
     does not patch, the second column passes positions from the mask by hand: whether they would fix
-    it. Raises :class:`CannotVerify` (a ``ValueError``) for no such directory, an unknown model type,
-    or a model that is not a causal LM.
+    it. An encoder-decoder model (``config.is_encoder_decoder``: BART, T5, Whisper ...) runs the same
+    scenarios on its decoder (``decoder_input_ids``, ``decoder_attention_mask``), each row with its own
+    fixed, unpadded encoder input (token ids, or speech features built from the config), then a
+    left-padded encoder input where the encoder takes token ids and a mask (its hidden states compared).
+    Raises :class:`CannotVerify` (a ``ValueError``) for no such directory, an unknown model type,
+    or a model that is neither a causal LM nor an encoder-decoder model.
 
     >>> result = hfpatch.verify("qwen2")   # doctest: +SKIP
     >>> result.ok, print(result)           # doctest: +SKIP
     """
     model = _load(model)
     model_type = getattr(model.config, "model_type", "?")
-    _check_causal(model, model_type)
+    seq2seq = _is_seq2seq(model)
+    inputs = _seq2seq_inputs(model, model_type) if seq2seq else DECODER_ONLY
+    if seq2seq:
+        _check_runs(model, model_type, inputs)
+    else:
+        _check_causal(model, model_type)
     adapter = _adapter_of_class(model) or engine.adapter_for(model_type)
     entry = engine.status().get(adapter.arch if adapter is not None else model_type)
-    notes = list(_limits(model, adapter))
+    notes = list(_limits(model, adapter, probed=not seq2seq))
     if entry is not None and entry.reason and entry.state != engine.APPLIED:
         notes.append(entry.reason)
     patches = adapter is not None and entry is not None and entry.support in ("tested", "untested newer")
-    probes = _probes(model, adapter, static and adapter is not None)
+    probes = _probes(model, adapter, static and adapter is not None, inputs)
+    if seq2seq:
+        probes += _encoder_probes(model, inputs, notes)
+        if static:
+            notes.append("an encoder-decoder model's StaticCache is not probed (dynamic caches only)")
     rows = tuple(_run_scenario(model, adapter if patches else None, *probe) for probe in probes)
-    if len(probes) < len(SCENARIOS):
+    if seq2seq and patches and not adapter.family.seq2seq:
+        notes.append(f"the {adapter.arch!r} adapter patches the decoder ({adapter.cls}) only: the encoder's "
+                     "positions are transformers' (pad encoder inputs on the right)")  # fmt: skip
+    if not any(probe[1].cached for probe in probes):
         notes.append("the model returns no KV cache to continue from: the cached scenarios are not probed")
     state = entry.state if entry is not None else "unknown to hfpatch"
-    if adapter is None and "position_ids" not in inspect.signature(model.forward).parameters:
-        notes.append("the model takes no position_ids: the second column is stock's")
+    by_hand = patches or inputs.positions in inspect.signature(model.forward).parameters
+    if not by_hand:
+        notes.append(f"the model takes no {inputs.positions}: the second column is stock's")
     elif patches and entry.state != engine.APPLIED:
         notes.append(
             f"the {adapter.arch!r} adapter is {entry.state} here: its column is what patched() gives"
         )
-    return Verification(model_type, state, rows, tuple(notes), patches)
+    return Verification(model_type, state, rows, tuple(notes), patches, by_hand)
 
 
 # --- loading and checking the input ------------------------------------------------------------------
@@ -194,10 +216,17 @@ def _load(model: Any) -> Any:
     if os.path.isdir(text):
         dtype = "dtype" if installed_transformers() >= _V4_56 else "torch_dtype"  # 4.56 renamed it
         try:
-            return transformers.AutoModelForCausalLM.from_pretrained(text, **{dtype: torch.float32}).eval()
+            config = transformers.AutoConfig.from_pretrained(text)
+            auto = (
+                seq2seq_auto_class(config.model_type)
+                if getattr(config, "is_encoder_decoder", False)
+                else transformers.AutoModelForCausalLM
+            )
+            return auto.from_pretrained(text, **{dtype: torch.float32}).eval()
         except (OSError, ValueError, KeyError) as exc:
             raise CannotVerify(
-                f"{text}: cannot load a causal LM from this directory: {_first_line(exc)}"
+                f"{text}: cannot load a causal LM or an encoder-decoder model from this directory: "
+                f"{_first_line(exc)}"
             ) from exc
     if os.sep in text or text.startswith(".") or (os.altsep and os.altsep in text):
         raise CannotVerify(f"{text}: no such checkpoint directory")
@@ -211,12 +240,25 @@ def _load(model: Any) -> Any:
         )
         raise CannotVerify(f"{text}: not a checkpoint directory, nor a model type of transformers "
                            f"{installed_transformers()}{hint}")  # fmt: skip
+    release = installed_transformers()
+    try:
+        encoder_decoder = getattr(transformers.AutoConfig.for_model(text), "is_encoder_decoder", False)
+    except Exception:  # noqa: BLE001 - a config that needs its parts (encoder-decoder): built below or not
+        encoder_decoder = False
+    if encoder_decoder:
+        try:
+            return tiny_seq2seq(text)
+        except Exception as exc:  # noqa: BLE001 - whatever transformers raises building it, in one line
+            raise CannotVerify(
+                f"{text}: cannot build a tiny encoder-decoder model on transformers {release}: "
+                f"{_first_line(exc)}"
+            ) from exc
     try:
         return tiny_model(text)
     except ValueError as exc:
-        release = installed_transformers()
         message = (
-            f"{text}: transformers {release} has no causal-LM class for it (hfpatch covers decoder-only LMs)"
+            f"{text}: transformers {release} has no causal-LM class for it, and it is not an "
+            "encoder-decoder model (hfpatch covers decoder-only LMs and encoder-decoder models' decoders)"
         )
         raise CannotVerify(message) from exc
 
@@ -245,6 +287,18 @@ def _check_causal(model: Any, model_type: str) -> None:
         )
 
 
+def _check_runs(model: Any, model_type: str, inputs: Inputs) -> None:
+    """An encoder-decoder model runs a plain call: two decoder tokens after one row's encoder input."""
+    try:
+        with torch.no_grad(), engine.unpatched():
+            model(**{inputs.ids: inputs.tokens(torch.tensor([[5, 6]]))}, **inputs.row(0, 1))
+    except Exception as exc:  # noqa: BLE001 - the model cannot run a plain call: report it in one line
+        names = ", ".join(name for name, _ in inputs.fixed)
+        raise CannotVerify(
+            f"{model_type}: a plain call model({names}=..., {inputs.ids}=...) fails: {_first_line(exc)}"
+        ) from exc
+
+
 def _adapter_of_class(model: Any) -> Optional[Adapter]:
     """The adapter of the outermost module of ``model`` whose class is a declared target."""
     targets = {(a.module, a.cls): a for a in engine.registry().values()}
@@ -255,8 +309,12 @@ def _adapter_of_class(model: Any) -> Optional[Adapter]:
     return None
 
 
-def _limits(model: Any, adapter: Optional[Adapter]) -> list[str]:
+def _limits(model: Any, adapter: Optional[Adapter], probed: bool = True) -> list[str]:
+    """The adapter's declared limits, and (``probed``: a decoder-only model, whose windows and rope
+    scaling the scenarios reach) what its config sets that the scenarios do not probe."""
     notes = list(adapter.limits) if adapter is not None else []
+    if not probed:
+        return notes
     window = smallest_window(model, adapter.cls if adapter is not None else None)
     configured = configured_window(model)
     if configured and (adapter is None or not positional(model, adapter.cls)):
@@ -280,16 +338,119 @@ def _limits(model: Any, adapter: Optional[Adapter]) -> list[str]:
 # --- the scenarios -----------------------------------------------------------------------------------
 
 
-def _probes(
-    model: Any, adapter: Optional[Adapter], static: bool
-) -> list[tuple[str, Scenario, Optional[Callable[[], Any]], Optional[int]]]:
-    """(name, scenario, cache factory, mask width) for each scenario this model can run."""
-    name = cache_name(model) if _returns_a_cache(model) else None
-    probes = [(s.name, s, None, None) for s in SCENARIOS if name is not None or not s.cached]
+class Inputs(NamedTuple):
+    """What differs between a decoder-only model and the decoder (or encoder) of an encoder-decoder one:
+    the names of the padded inputs, each row's own fixed inputs besides, the pad id, what is compared."""
+
+    ids: str = "input_ids"  # the padded token ids
+    mask: str = "attention_mask"  # their 2-D mask, past + new tokens
+    positions: str = "position_ids"  # what the second column passes by hand, for a model not patched
+    fixed: tuple[tuple[str, torch.Tensor], ...] = ()  # (name, [rows, ...]): row r's own, unpadded
+    pad: int = PAD
+    encoder: bool = False  # compare the encoder's hidden states (else logits, or a base model's states)
+    # pass use_cache=True; an encoder-decoder model's config says it already (SwitchTransformers hands the
+    # flag to its encoder too, which raises)
+    use_cache: bool = True
+    channels: int = (
+        0  # decoder inputs of audio codes [batch, tokens, channels] (Dia): each token on every one
+    )
+
+    def tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        """``ids`` ``[batch, tokens]`` as the model takes them."""
+        return ids[..., None].expand(*ids.shape, self.channels).contiguous() if self.channels else ids
+
+    def cache_kwargs(self, name: Optional[str], cache: Any) -> dict[str, Any]:
+        """The cache argument (``name``: the release's, None for no cache) and the ``use_cache`` flag."""
+        flag = {"use_cache": True} if self.use_cache else {}
+        return {name: cache, **flag} if name is not None else {}
+
+    def row(self, r: int, batch: int) -> dict[str, torch.Tensor]:
+        """The fixed inputs of rows ``r .. r + batch``."""
+        return {name: value[r : r + batch] for name, value in self.fixed}
+
+    def outputs(self, out: Any) -> torch.Tensor:
+        """``[batch, tokens, ...]``: audio codes' logits ``[batch * channels, tokens, vocab]`` regrouped."""
+        if self.encoder:
+            return out.encoder_last_hidden_state
+        logits = _outputs(out)
+        if self.channels:
+            return logits.reshape(-1, self.channels, *logits.shape[1:]).transpose(1, 2)
+        return logits
+
+
+DECODER_ONLY = Inputs()
+Probe = tuple[str, Scenario, Optional[Callable[[], Any]], Optional[int], Inputs]
+ENCODER_ROWS = 3  # encoder inputs built per row: enough for every scenario
+ENCODER_SCENARIO = Scenario(
+    "encoder: left padding, one call", (5, 3), ((5, 3),), ((True, True),), cached=False, holes=False
+)
+
+
+def _is_seq2seq(model: Any) -> bool:
+    return bool(getattr(model.config, "is_encoder_decoder", False))
+
+
+def _seq2seq_inputs(model: Any, model_type: str) -> Inputs:
+    """The decoder's inputs, each row with its own unpadded encoder input."""
+    try:
+        encoder = encoder_input(model, ENCODER_ROWS)
+    except (AttributeError, TypeError) as exc:
+        raise CannotVerify(
+            f"{model_type}: cannot build its encoder input from the config: {_first_line(exc)}"
+        ) from exc
+    decoder = getattr(model.config, "decoder_config", None)  # Dia's (the others keep theirs on the config)
+    pad = next(
+        (
+            p
+            for p in (getattr(c, "pad_token_id", None) for c in (model.config, decoder))
+            if isinstance(p, int)
+        ),
+        PAD,
+    )
+    channels = getattr(decoder, "num_channels", None) or 0  # audio codes: [batch, tokens, channels]
+    fixed = ((model.main_input_name, encoder),)
+    names = ("decoder_input_ids", "decoder_attention_mask", "decoder_position_ids")
+    return Inputs(*names, fixed, pad, use_cache=False, channels=channels)
+
+
+def encoder_input(model: Any, rows: int, seed: int = 0) -> torch.Tensor:
+    """Random encoder inputs of an encoder-decoder model, one per row, none padded, from its config:
+    token ids, raw audio (``input_values``), or speech features: Whisper's ``[mel bins, frames]`` (twice
+    its encoder's positions), else ``[frames, features]`` with the features the config names."""
+    generator = torch.Generator().manual_seed(seed)
+    config, name = model.config, model.main_input_name
+    if name == "inputs":  # a wrapper of any encoder (speech-encoder-decoder): what its encoder takes
+        name, config = model.get_encoder().main_input_name, model.get_encoder().config
+    if name == "input_ids":
+        return torch.randint(3, VOCAB, (rows, 5), generator=generator)
+    if name == "input_values":
+        return torch.randn(rows, 4000, generator=generator)
+    if getattr(config, "num_mel_bins", None) and getattr(config, "max_source_positions", None):
+        return torch.randn(rows, config.num_mel_bins, 2 * config.max_source_positions, generator=generator)
+    candidates = (
+        getattr(getattr(config, "encoder_config", None), "num_mel_bins", None),  # Parakeet encoders
+        getattr(config, "input_feat_per_channel", 0) * getattr(config, "input_channels", 0),  # Speech2Text
+        getattr(config, "feature_projection_input_dim", None),  # SeamlessM4T's speech encoder
+    )
+    features = next((value for value in candidates if value), None)
+    if features is None:
+        raise TypeError(f"{type(config).__name__} names no count of {name} features this probe knows")
+    return torch.randn(rows, 64, features, generator=generator)
+
+
+def _probes(model: Any, adapter: Optional[Adapter], static: bool, inputs: Inputs) -> list[Probe]:
+    """(name, scenario, cache factory, mask width, inputs) for each scenario this model can run."""
+    seq2seq = _is_seq2seq(model)
+    prefix = "decoder: " if seq2seq else ""
+    cached = _cache_inputs(model, inputs)
+    name, inputs = (cache_name(model), cached) if cached is not None else (None, inputs)
+    probes = [(prefix + s.name, s, None, None, inputs) for s in SCENARIOS if name is not None or not s.cached]
+    if seq2seq:  # a StaticCache per stack, windows and rope scaling of a decoder: not probed yet
+        return probes
     if static and name is not None and _takes_static_cache(model):
         variable = SCENARIOS[2]
         factory = lambda: new_static_cache(model, len(variable.lengths), STATIC_SLOTS)  # noqa: E731
-        probes.append((f"{variable.name}, StaticCache", variable, factory, STATIC_SLOTS))
+        probes.append((f"{variable.name}, StaticCache", variable, factory, STATIC_SLOTS, inputs))
     window = None
     if adapter is not None and positional(model, adapter.cls):
         window = smallest_window(model, adapter.cls)
@@ -297,36 +458,62 @@ def _probes(
         lengths = (window + 6, window + 3)
         beyond = Scenario(f"right-padded prefix past the window ({window}) + 2", lengths,
                           ((window + 4, window + 1), (2, 2)), ((False, False), (True, False)))  # fmt: skip
-        probes.append((beyond.name, beyond, None, None))
+        probes.append((beyond.name, beyond, None, None, inputs))
     scaled = scaled_rope(model)
     if scaled is not None and scaled[1] <= MAX_ROPE_PROBE:  # a short row batched with one past the context
         kind, threshold = scaled
         lengths = (max(2, threshold // 2), threshold + 8)
         crossing = Scenario(f"{kind}: rows of {lengths[0]} and {lengths[1]} tokens, one call", lengths,
                             (lengths,), ((False, False),), cached=False)  # fmt: skip
-        probes.append((crossing.name, crossing, None, None))
+        probes.append((crossing.name, crossing, None, None, inputs))
     return probes
 
 
+def _encoder_probes(model: Any, decoder: Inputs, notes: list[str]) -> list[Probe]:
+    """A left-padded encoder input, where the encoder takes token ids and a mask; each row with its own
+    decoder tokens, unpadded. Its hidden states at real tokens are compared."""
+    params = inspect.signature(model.forward).parameters
+    if model.main_input_name != "input_ids" or "attention_mask" not in params:
+        notes.append(f"the encoder takes {model.main_input_name}: encoder padding is not probed")
+        return []
+    tokens = torch.tensor([row[:3] for row in _rows(ENCODER_SCENARIO, decoder.pad)])  # 3 decoder tokens each
+    inputs = Inputs(fixed=(("decoder_input_ids", decoder.tokens(tokens)),), pad=decoder.pad, encoder=True)
+    return [(ENCODER_SCENARIO.name, ENCODER_SCENARIO, None, None, inputs)]
+
+
+def _rows(scenario: Scenario, pad: int) -> list[list[int]]:
+    """The scenario's rows (:func:`scenario_rows`), none of their tokens the pad id."""
+    return [[token if token != pad else pad + 1 for token in row] for row in scenario_rows(scenario)]
+
+
 def _run_scenario(
-    model: Any, adapter: Optional[Adapter], name: str, scenario: Scenario, cache: Any, width: Optional[int]
+    model: Any,
+    adapter: Optional[Adapter],
+    name: str,
+    scenario: Scenario,
+    cache: Any,
+    width: Optional[int],
+    inputs: Inputs = DECODER_ONLY,
 ) -> Row:
-    rows = scenario_rows(scenario)
+    rows = _rows(scenario, inputs.pad)
     results, errors = [], []
     for side in ("stock", "hfpatch"):
         try:
             if adapter is None:  # not patched here: stock, then positions from the mask by hand
-                by_hand = side == "hfpatch" and "position_ids" in inspect.signature(model.forward).parameters
+                by_hand = (
+                    side == "hfpatch" and inputs.positions in inspect.signature(model.forward).parameters
+                )
                 with engine.unpatched():
-                    got = _run(
-                        _PositionsByHand(model) if by_hand else model, model, rows, scenario, cache, width
-                    )
+                    call = _PositionsByHand(model, inputs) if by_hand else model
+                    got = _run(call, model, rows, scenario, cache, width, inputs)
             else:
                 context = engine.unpatched(adapter.arch) if side == "stock" else engine.patched(adapter.arch)
                 with context:
-                    got = _run(model, model, rows, scenario, cache, width)
+                    got = _run(model, model, rows, scenario, cache, width, inputs)
             with engine.unpatched():
-                results.append(max(_diff(model, row, out) for row, out in zip(rows, got)))
+                results.append(
+                    max(_diff(model, r, row, out, inputs) for r, (row, out) in enumerate(zip(rows, got)))
+                )
         except Exception as exc:  # noqa: BLE001 - a crash is a result of the probe
             results.append(float("nan"))
             errors.append(f"{side}: {type(exc).__name__}: {_first_line(exc)}"[:160])
@@ -334,17 +521,23 @@ def _run_scenario(
 
 
 def _run(
-    call: Callable[..., Any], model: Any, rows: list, scenario: Scenario, cache: Any, width: Optional[int]
+    call: Callable[..., Any],
+    model: Any,
+    rows: list,
+    scenario: Scenario,
+    cache: Any,
+    width: Optional[int],
+    inputs: Inputs = DECODER_ONLY,
 ) -> list[torch.Tensor]:
     """Run ``rows`` as one padded batch in the scenario's KV-cached calls; each row's real outputs."""
     batch, taken = len(rows), [0] * len(rows)
     mask = torch.zeros(batch, 0, dtype=torch.long)
     pieces: list[list[torch.Tensor]] = [[] for _ in rows]
-    name = cache_name(model)
+    name = cache_name(model) if scenario.cached else None
     cache = cache() if cache is not None else None
     for counts, lefts in zip(scenario.chunks, scenario.left):
         new = max(counts)
-        ids = torch.full((batch, new), PAD)
+        ids = torch.full((batch, new), inputs.pad)
         real = torch.zeros(batch, new, dtype=torch.long)
         starts = [new - n if is_left else 0 for n, is_left in zip(counts, lefts)]
         for r, (n, start) in enumerate(zip(counts, starts)):
@@ -355,19 +548,24 @@ def _run(
         call_mask = (
             mask if width is None else torch.cat([mask, mask.new_zeros(batch, width - mask.shape[1])], 1)
         )
-        kwargs = {name: cache, "use_cache": True} if name is not None else {}
+        kwargs = inputs.cache_kwargs(name, cache)
         with torch.no_grad():
-            out = call(input_ids=ids, attention_mask=call_mask, **kwargs)
+            out = call(
+                **{inputs.ids: inputs.tokens(ids), inputs.mask: call_mask}, **inputs.row(0, batch), **kwargs
+            )
         returned = output_cache(out) if kwargs else None
         cache = returned if returned is not None else cache  # some releases return a new cache object
         for r, (n, start) in enumerate(zip(counts, starts)):
-            pieces[r].append(_outputs(out)[r, start : start + n])
+            pieces[r].append(inputs.outputs(out)[r, start : start + n])
     return [torch.cat(p) for p in pieces]
 
 
-def _diff(model: Any, row: Sequence[int], got: torch.Tensor) -> float:
+def _diff(model: Any, r: int, row: Sequence[int], got: torch.Tensor, inputs: Inputs = DECODER_ONLY) -> float:
+    """Row ``r`` alone (its tokens unpadded, its own fixed inputs, one call, no mask) against ``got``."""
     with torch.no_grad():
-        alone = _outputs(model(input_ids=torch.tensor([list(row)])))[0]
+        alone = inputs.outputs(
+            model(**{inputs.ids: inputs.tokens(torch.tensor([list(row)]))}, **inputs.row(r, 1))
+        )[0]
     return (alone - got).abs().max().item()
 
 
@@ -378,14 +576,15 @@ def _outputs(out: Any) -> torch.Tensor:
 
 
 class _PositionsByHand:
-    """Calls ``model`` with ``position_ids`` from the mask: what hfpatch would do, for a model it does not
-    patch."""
+    """Calls ``model`` with positions from the mask (``position_ids``, or an encoder-decoder model's
+    ``decoder_position_ids``): what hfpatch would do, for a model it does not patch."""
 
-    def __init__(self, model: Any) -> None:
-        self.model = model
+    def __init__(self, model: Any, inputs: Inputs = DECODER_ONLY) -> None:
+        self.model, self.inputs = model, inputs
 
     def __call__(self, **kwargs: Any) -> Any:
-        kwargs["position_ids"] = new_token_positions(kwargs["attention_mask"], kwargs["input_ids"].shape[1])
+        mask, ids = kwargs[self.inputs.mask], kwargs[self.inputs.ids]
+        kwargs[self.inputs.positions] = new_token_positions(mask, ids.shape[1])
         return self.model(**kwargs)
 
 
@@ -424,12 +623,26 @@ def new_static_cache(model: Any, batch: int, length: int, device: str = "cpu") -
         return transformers.StaticCache(**kwargs, batch_size=batch, device=device, dtype=torch.float32)
 
 
-def _returns_a_cache(model: Any) -> bool:
-    """The model hands back a KV cache to continue from (some keep their state inside instead)."""
+def _cache_inputs(model: Any, inputs: Inputs = DECODER_ONLY) -> Optional[Inputs]:
+    """``inputs`` (or with ``use_cache=True`` passed, where the config does not say it) where the model
+    hands back a KV cache to continue from; None where it does not (some keep their state inside)."""
     if cache_name(model) is None:
-        return False
-    with torch.no_grad():
-        return output_cache(model(input_ids=torch.tensor([[5, 6]]), use_cache=True)) is not None
+        return None
+    tries = [inputs] if inputs.use_cache else [inputs, inputs._replace(use_cache=True)]
+    for i, attempt in enumerate(tries):
+        flag = {"use_cache": True} if attempt.use_cache else {}
+        try:
+            with torch.no_grad():
+                out = model(
+                    **{attempt.ids: attempt.tokens(torch.tensor([[5, 6]]))}, **attempt.row(0, 1), **flag
+                )
+        except Exception:  # noqa: BLE001 - the flag passed on where it is not taken: no cache to probe
+            if i == 0:
+                raise
+            return None
+        if output_cache(out) is not None:
+            return attempt
+    return None
 
 
 def _takes_static_cache(model: Any) -> bool:

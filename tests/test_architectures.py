@@ -1,5 +1,6 @@
 """Every covered architecture, through the public probe: ``hfpatch.verify`` on a tiny random model of
-each model type the installed release ships, eager and SDPA attention. On the newest tested release,
+each model type the installed release ships (decoder-only, and encoder-decoder models whose decoder
+hfpatch patches), eager and SDPA attention. On the newest tested release,
 stock transformers must be wrong (the bug is real) and hfpatch exact; on every release, exact.
 The compat matrix reads this module's results (compat/results/probe/)."""
 
@@ -11,21 +12,24 @@ from packaging.version import Version
 import hfpatch
 from hfpatch import engine
 from hfpatch.support import NEWEST_TESTED, TESTED, Support, release_has
-from hfpatch.tiny import tiny_model
+from hfpatch.tiny import tiny_model, tiny_seq2seq
 
 from conftest import REGISTRY, SEQ2SEQ_MODEL_TYPES, TF, arch_skip_reason
 from harness import TOLERANCE, WRONG
 
-# the model types that run a patched class: each adapter's own and its aliases (exaone runs LlamaModel);
-# the quick suite probes a few of each kind, the nox sessions (and CI) every one
-# (the decoders of encoder-decoder models are not causal LMs: tests/test_decoders.py runs them)
+# the model types that run a patched class: each adapter's own and its aliases (exaone runs LlamaModel),
+# and the encoder-decoder models whose decoder (and encoder) a seq2seq adapter patches (verify runs their
+# decoder scenarios and a left-padded encoder input; tests/test_decoders.py checks them by hand too);
+# the quick suite probes a few of each kind, the nox sessions (and CI) every one; vision-language adapters:
+# tests/test_wrappers.py
 COVERED = [
     (name, alias)
     for name, adapter in REGISTRY.items()
     if adapter.family.probed
     for alias in (name, *adapter.aliases)
 ]
-QUICK = {"qwen2", "mistral", "gemma3", "gpt_neo", "exaone"}  # rotary, window, multimodal, absolute, alias
+# rotary, window, multimodal, absolute, alias; a position table, speech features
+QUICK = {"qwen2", "mistral", "gemma3", "gpt_neo", "exaone", "bart", "whisper"}
 PARAMS = [
     pytest.param(name, alias, id=alias, marks=() if alias in QUICK else pytest.mark.slow)
     for name, alias in COVERED
@@ -33,15 +37,16 @@ PARAMS = [
 # the causal-LM model types of the newest release that status() does not list: encoders with an LM head
 # and decoders of encoder-decoder models outside the seq2seq mappings (those: hfpatch/adapters/seq2seq.py)
 NOT_DECODER_ONLY = {
-    "bert", "bert-generation", "big_bird", "camembert", "data2vec-text", "electra", "ernie", "megatron-bert",
+    "bert-generation", "big_bird", "camembert", "data2vec-text", "electra", "ernie", "megatron-bert",
     "rembert", "roberta", "roberta-prelayernorm", "roc_bert", "roformer", "trocr", "xlm",
     "xlm-roberta", "xlm-roberta-xl", "xlnet", "xmod",
 }  # fmt: skip
 
 
 def _tiny(model_type: str, attention: str):
+    build = tiny_seq2seq if REGISTRY.get(model_type) and REGISTRY[model_type].family.seq2seq else tiny_model
     try:
-        return tiny_model(model_type, attention=attention)
+        return build(model_type, attention=attention)
     except (ValueError, ImportError) as exc:
         if attention == "sdpa" and ("sdpa" in str(exc).lower() or "scaled_dot_product" in str(exc)):
             pytest.skip(f"{model_type} does not support SDPA in transformers {TF}: {str(exc)[:200]}")

@@ -15,9 +15,11 @@ where the positions go (:mod:`hfpatch.decoders`):
   class; a uniform left shift cancels in the encoder, and stays exact).
 
 Each row: model type, the class patched, family, first release of its range, the receiver class, the
-encoder classes. Measured on 4.57.6, 5.5.4 and 5.24.0 where the release ships the model
-(tests/test_decoders.py; CohereASR on 5.24.0 only: on 5.5.4 its cached call sees an empty cache);
-the releases between were not run.
+encoder classes. Each range starts at the first release measured exact (tests/test_decoders.py, and
+the probe, ``hfpatch.verify``, with ``--outside-ranges``) among 4.56.2, 4.57.6, 5.0.0, 5.3.0, 5.5.4,
+5.10.4, 5.16.1, 5.20.2 and 5.24.0, where the release ships the model (CohereASR: on 5.5.4 and 5.10.4
+its cached call sees an empty cache); the other releases were not run: compat/probe_matrix.sh runs
+every one.
 """
 
 from ..declarations import PADDED_TABLE, RELATIVE_BIAS, SINUSOID, TABLE, Adapter, Family
@@ -29,6 +31,10 @@ POSITION_IDS_ROTARY = Family("rotary decoder", left_padding_wrong_on_stock=False
 # so a query's absolute position matters and left padding is wrong on stock too (T5Gemma 2)
 POSITION_IDS_MERGED = Family(
     "rotary decoder, merged attention", left_padding_wrong_on_stock=True, seq2seq=True
+)
+# RoPE, decoder inputs of audio codes [batch, tokens, channels] (Dia)
+POSITION_IDS_CODES = Family(
+    "rotary decoder, audio codes", left_padding_wrong_on_stock=False, seq2seq=True, ids_rank=3
 )
 COLUMN_WINDOW = (
     "sliding window: decided by cache column (transformers'), so a hole from a padded cached prefix inside "
@@ -55,7 +61,7 @@ RELATIVE_POSITION_BIAS = Family(
 
 
 def _bart_like(
-    arch: str, prefix: str, table: str = "LearnedPositionalEmbedding", since: str = "4.57"
+    arch: str, prefix: str, table: str = "LearnedPositionalEmbedding", since: str = "4.56"
 ) -> Adapter:
     return Adapter(
         arch,
@@ -67,7 +73,7 @@ def _bart_like(
     )
 
 
-def _padded(arch: str, prefix: str, since: str = "4.57") -> Adapter:
+def _padded(arch: str, prefix: str, since: str = "4.56") -> Adapter:
     return Adapter(
         arch,
         f"{prefix}Decoder",
@@ -77,7 +83,7 @@ def _padded(arch: str, prefix: str, since: str = "4.57") -> Adapter:
     )
 
 
-def _t5_like(arch: str, prefix: str, since: str = "4.57") -> Adapter:
+def _t5_like(arch: str, prefix: str, since: str = "4.56") -> Adapter:
     return Adapter(arch, f"{prefix}Stack", RELATIVE_POSITION_BIAS, since, receiver=f"{prefix}Attention")
 
 
@@ -92,24 +98,27 @@ ADAPTERS = register_all(
     _bart_like("bigbird_pegasus", "BigBirdPegasus"),
     _bart_like("marian", "Marian", table="SinusoidalPositionalEmbedding"),
     _bart_like("pegasus", "Pegasus", table="SinusoidalPositionalEmbedding"),
-    Adapter("pegasus_x", "PegasusXDecoder", POSITION_SINUSOID, "4.57", receiver="PegasusXSinusoidalPositionalEmbedding", also=("PegasusXEncoder",)),
+    Adapter("pegasus_x", "PegasusXDecoder", POSITION_SINUSOID, "4.56", receiver="PegasusXSinusoidalPositionalEmbedding", also=("PegasusXEncoder",)),
     _padded("m2m_100", "M2M100"),
     _padded("nllb-moe", "NllbMoe"),
     _padded("seamless_m4t", "SeamlessM4T"),
     _padded("seamless_m4t_v2", "SeamlessM4Tv2"),
-    Adapter("speech_to_text", "Speech2TextDecoder", PADDED_POSITION_TABLE, "4.57", receiver="Speech2TextSinusoidalPositionalEmbedding"),
+    Adapter("speech_to_text", "Speech2TextDecoder", PADDED_POSITION_TABLE, "4.56", receiver="Speech2TextSinusoidalPositionalEmbedding"),
+    # the decoder takes hidden states: its text prenet (ids, the decoder's mask and cache) holds the table
+    Adapter("speecht5", "SpeechT5TextDecoderPrenet", PADDED_POSITION_TABLE, "4.56", receiver="SpeechT5SinusoidalPositionalEmbedding"),
     _t5_like("t5", "T5"),
     _t5_like("mt5", "MT5"),
-    _t5_like("umt5", "UMT5"),
+    _t5_like("umt5", "UMT5")._replace(known_bad=((">=5.15,<5.18", "UMT5 with SDPA attention (new in 5.15) is wrong on stock with any padded decoder mask, positions aside (right padding in one call, unpadded rows too): use 5.18+"),)),
     _t5_like("longt5", "LongT5"),
     _t5_like("switch_transformers", "SwitchTransformers"),
     _t5_like("pop2piano", "Pop2Piano"),
-    Adapter("whisper", "WhisperDecoder", POSITION_IDS_ABSOLUTE, "4.57"),
-    Adapter("t5gemma", "T5GemmaDecoder", POSITION_IDS_ROTARY, "4.57", limits=(COLUMN_WINDOW,)),
-    Adapter("t5gemma2", "T5Gemma2Decoder", POSITION_IDS_MERGED, "5.5", limits=(COLUMN_WINDOW,)),
-    Adapter("canary", "CanaryDecoder", POSITION_IDS_ABSOLUTE, "5.24"),
-    Adapter("cohere_asr", "CohereAsrDecoder", POSITION_IDS_ABSOLUTE, "5.24"),
-    Adapter("moonshine", "MoonshineDecoder", POSITION_IDS_ROTARY, "4.57"),
-    Adapter("moonshine_streaming", "MoonshineStreamingDecoder", POSITION_IDS_ROTARY, "5.5"),
+    Adapter("whisper", "WhisperDecoder", POSITION_IDS_ABSOLUTE, "4.56"),
+    Adapter("t5gemma", "T5GemmaDecoder", POSITION_IDS_ROTARY, "4.56", limits=(COLUMN_WINDOW,)),
+    Adapter("t5gemma2", "T5Gemma2Decoder", POSITION_IDS_MERGED, "5.0", limits=(COLUMN_WINDOW,)),
+    Adapter("canary", "CanaryDecoder", POSITION_IDS_ABSOLUTE, "5.20"),
+    Adapter("cohere_asr", "CohereAsrDecoder", POSITION_IDS_ABSOLUTE, "5.16"),
+    Adapter("moonshine", "MoonshineDecoder", POSITION_IDS_ROTARY, "4.56"),
+    Adapter("dia", "DiaDecoder", POSITION_IDS_CODES, "4.56"),
+    Adapter("moonshine_streaming", "MoonshineStreamingDecoder", POSITION_IDS_ROTARY, "5.3"),
 )
 # fmt: on

@@ -61,8 +61,9 @@ ADAPTERS = register_all(
 
 MEASURED = "measured fixed on 5.24.0 (text only; the image/audio path not measured)"
 SEQ2SEQ_WRAPPER = (
-    "runs the decoder of its decoder config: a patched decoder-only class (GPT-2 ...: measured fixed on 5.24.0) "
-    "or BERT as a decoder (BertLMHeadModel: not covered; decoder positions by hand fix it)"
+    "runs the decoder of its decoder config: a patched decoder-only class (GPT-2 ...), or BERT as a decoder "
+    "(BertLMHeadModel, patched by the 'bert' adapter): measured fixed on 5.24.0 (hfpatch verify); its encoder "
+    "is not patched: a BERT encoder's positions are wrong for left-padded encoder inputs (pad on the right)"
 )
 NOT_MEASURED = "not measured ({})"
 
@@ -104,8 +105,6 @@ UNDECLARED = declare_all(
     Undeclared("prophetnet", NOT_FIXABLE, "n-gram stream decoder: right padding in one call and each row alone through the cache are off already; its position module returns a tuple"),
     Undeclared("xlm-prophetnet", NOT_FIXABLE, "ProphetNet's n-gram stream decoder (see prophetnet)"),
     Undeclared("nemo_speechlm", NOT_FIXABLE, "its language model is NemotronH: a Mamba2 state absorbs pads"),
-    Undeclared("dia", NOT_COVERED, "decoder inputs are [batch, tokens, channels] audio codes, which hfpatch's filler does not read; decoder_position_ids by hand fix it"),
-    Undeclared("speecht5", NOT_COVERED, "positions come from the text prenet's table past the pad id, inside a decoder that takes hidden states: not patched yet (positions handed to the prenet's table fix it)"),
     _unmeasured("vibevoice_asr", "its tiny model is too big to build"),
     _unmeasured("vibevoice", "its tiny model is too big to build"),
     _unmeasured("voxtral_realtime", "needs encoder inputs the probe did not build"),
