@@ -54,6 +54,8 @@ def window_plan(owner: type) -> Optional[WindowPlan]:
         source = inspect.getsource(inspect.unwrap(owner.forward))
         update = getattr(owner, "_update_causal_mask", None)
         update_source = inspect.getsource(update) if update is not None else ""
+        builder = getattr(owner, "_prepare_4d_causal_attention_mask_with_cache_position", None)
+        builder_source = inspect.getsource(builder) if builder is not None else ""  # the 4-D mask it builds
     except (OSError, TypeError):
         return None
     takes_dict = "causal_mask_mapping := attention_mask, dict" in source  # 4.53+: masks per layer type
@@ -64,7 +66,7 @@ def window_plan(owner: type) -> Optional[WindowPlan]:
         return None
     getter = getattr(cache_utils.Cache, "get_mask_sizes", None)
     by_slots = getter is not None and "cache_position" in inspect.signature(getter).parameters
-    ignored = not masking_utils and "use_sliding_window" not in update_source
+    ignored = not masking_utils and "use_sliding_window" not in update_source + builder_source
     return WindowPlan(takes_dict, by_slots, not masking_utils, ignored)
 
 
