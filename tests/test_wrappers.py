@@ -50,8 +50,8 @@ def _model(name: str, model_type: str, attention: str) -> Any:
     since = dict(REGISTRY[name].alias_since).get(model_type)
     if since is not None and TF < Version(since):
         pytest.skip(f"{model_type} is covered from {since}; installed {TF}")
-    if model_type == "paligemma" and attention == "sdpa" and TF >= Version("5.24"):
-        pytest.skip("PaliGemma with SDPA on 5.24 is not causal text only, a row alone included (stock, 1.7)")
+    if model_type == "paligemma" and attention == "sdpa" and TF >= Version("5.9"):  # measured 5.9.0-5.24.0
+        pytest.skip("PaliGemma with SDPA from 5.9: a padded prefix stays wrong with positions (declared)")
     if (model_type, attention) not in _models:
         _models[model_type, attention] = tiny_multimodal(model_type, attention=attention)
     return _models[model_type, attention]
