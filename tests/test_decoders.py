@@ -260,24 +260,30 @@ def _copy(cache: Any) -> Any:
     return copy.deepcopy(cache)
 
 
-def test_whisper_generate_with_left_padded_decoder_prompts():
+@pytest.mark.parametrize("name", ["whisper", "bart", "m2m_100", pytest.param("t5", marks=pytest.mark.slow)])
+def test_generate_with_left_padded_decoder_prompts(name):
     """Per-row decoder prompts, left-padded, in one generate() call: each row's scores and tokens are its
-    own alone. Wrong on stock 5.3-5.15 (generate() passed no decoder positions; fixed upstream in 5.16 by
-    PR #48028): the patched decoder derives them from the mask generate() extends. Elsewhere generate()
-    passes its own positions and hfpatch changes nothing."""
-    model = _model("whisper", "eager")
-    features = _encoder_input(model, 2)
-    a, b = [1, *A[:4]], [1, B[0]]
+    own alone. generate() extends decoder_attention_mask and passes no decoder positions, so stock is
+    wrong where positions are absolute (BART's and M2M100's tables; Whisper on 5.3-5.15, where generate()
+    passed none: fixed upstream in 5.16 by PR #48028, elsewhere it passes its own and hfpatch changes
+    nothing) and right with T5's relative bias (a uniform shift cancels). M2M100 counts the non-pad ids
+    of a call plus the past length: right in one call, wrong from the first generated token."""
+    model = _model(name, "eager")
+    encoder = _encoder_input(model, 2)
+    start = model.generation_config.decoder_start_token_id
+    if start is None:  # the tiny T5 config names none
+        start = model.generation_config.decoder_start_token_id = 2
+    a, b = [start, *A[:4]], [start, B[0]]
     ids = torch.tensor([a, [PAD] * 3 + b])
     mask = torch.tensor([[1] * 5, [0, 0, 0, 1, 1]])
     settings = dict(max_new_tokens=4, do_sample=False, output_scores=True, return_dict_in_generate=True)
 
     def worst() -> float:
         with torch.no_grad():
-            batch = model.generate(features, decoder_input_ids=ids, decoder_attention_mask=mask, **settings)
+            batch = model.generate(encoder, decoder_input_ids=ids, decoder_attention_mask=mask, **settings)
             error = 0.0
             for r, row in enumerate((a, b)):
-                alone = model.generate(features[r : r + 1], decoder_input_ids=torch.tensor([row]), **settings)
+                alone = model.generate(encoder[r : r + 1], decoder_input_ids=torch.tensor([row]), **settings)
                 error = max(
                     error, *((s[r] - t[0]).abs().max().item() for s, t in zip(batch.scores, alone.scores))
                 )
@@ -289,11 +295,13 @@ def test_whisper_generate_with_left_padded_decoder_prompts():
     patched = worst()
     with stock():
         on_stock = worst()
-    assert patched <= TOLERANCE, f"hfpatch {patched:.2g}, stock {on_stock:.2g}"
-    if in_range(">=5.3,<5.16", TF):  # generate() passes no decoder positions there
-        assert on_stock > WRONG, f"stock is right ({on_stock:.2g}) on {TF}"
+    assert patched <= TOLERANCE, f"{name}: hfpatch {patched:.2g}, stock {on_stock:.2g}"
+    # absolute positions, counted from cache columns: the steps after a left-padded prompt count its pads
+    wrong_on_stock = {"whisper": in_range(">=5.3,<5.16", TF), "bart": True, "m2m_100": True, "t5": False}
+    if wrong_on_stock[name]:
+        assert on_stock > WRONG, f"{name}: stock is right ({on_stock:.2g}) on {TF}"
     else:
-        assert on_stock <= TOLERANCE, f"stock is wrong ({on_stock:.2g}) on {TF}"
+        assert on_stock <= TOLERANCE, f"{name}: stock is wrong ({on_stock:.2g}) on {TF}"
 
 
 def test_status_lists_every_seq2seq_model_type():
