@@ -12,6 +12,7 @@ import pytest
 
 import hfpatch
 from hfpatch.tiny import FLAGSHIPS, tiny_model, tiny_seq2seq
+from hfpatch.windows import positional
 
 from conftest import TF, arch_skip_reason
 
@@ -55,7 +56,8 @@ def test_verify_a_checkpoint_directory(tmp_path):
     if arch_skip_reason("mistral"):
         pytest.skip(arch_skip_reason("mistral"))
     model = tiny_model("mistral")
-    assert model.config.sliding_window == 4
+    if positional(model, "MistralModel"):  # else the tiny model's window is widened past the scenarios
+        assert model.config.sliding_window == 4
     model.save_pretrained(tmp_path / "mistral")
     result = _run("verify", str(tmp_path / "mistral"), "--no-static")
     assert result.returncode == 0, result.stdout + result.stderr

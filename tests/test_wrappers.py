@@ -149,6 +149,8 @@ def test_image_prefill_in_a_padded_batch_continued_from_the_cache(model_type):
     each row equals itself alone through the same two calls (its image, a mask of ones)."""
     if model_type == "paligemma":
         model = _model("paligemma", "paligemma", "eager")
+    elif TF < Version("4.57"):  # the tiny model's builder (AutoModelForImageTextToText) and overrides
+        pytest.skip(f"the image test builds LLaVA from 4.57 (installed {TF})")
     else:
         model = tiny_multimodal("llava", attention="eager")
     pixels = torch.randn(2, 3, 28, 28, generator=torch.Generator().manual_seed(1))
