@@ -186,3 +186,22 @@ def test_image_prefill_in_a_padded_batch_continued_from_the_cache(model_type):
         on_stock = error()
     assert patched <= TOLERANCE, f"{model_type} with an image: hfpatch {patched:.2g}, stock {on_stock:.2g}"
     assert on_stock > WRONG, f"{model_type} with an image: stock is right ({on_stock:.2g})"
+
+
+@pytest.mark.parametrize(
+    "model_type, adapter", [("paligemma", "paligemma"), ("qwen2_vl", "qwen2_vl"), ("llava", "llama")]
+)
+def test_verify_runs_the_text_scenarios(model_type, adapter):
+    """``hfpatch.verify`` on an image-text-to-text model: the decoder-only scenarios on its text path (a
+    wrapper patched itself, a text model, a wrapper through its language model): exact with hfpatch,
+    wrong on stock. PaliGemma where it is a prefix LM: each row alone through the same cached calls."""
+    require_covered(adapter)
+    if model_type in REGISTRY:
+        model = _model(model_type, model_type, "eager")
+    else:
+        model = tiny_multimodal(model_type, attention="eager")
+    result = hfpatch.verify(model)
+    assert result.patches and result.ok and result.stock_wrong, str(result)
+    assert len(result.rows) >= 4, str(result)
+    if model_type == "llava":
+        assert "llava runs LlamaModel, patched by the 'llama' adapter" in result.notes, str(result)

@@ -3,8 +3,9 @@ transformers' seq2seq, speech-seq2seq and image-text-to-text mappings that no ad
 (hfpatch/adapters/seq2seq.py patches the seq2seq decoders), each with its verdict, measured on 5.24.0
 with tiny models (research: decoders-5.24.md), or "not measured" with what is known.
 
-Patched (family ``rotary`` with ``multimodal=True``: no causal LM of their own, so ``verify()`` and the
-release probe leave them to tests/test_wrappers.py; windows stay transformers'):
+Patched (family ``rotary`` with ``multimodal=True``: no causal LM of their own: ``verify()`` runs their
+text calls (no image), the release probe leaves them to tests/test_wrappers.py; windows stay
+transformers'):
 
 - the wrapper's own forward, where it counts ``arange(past, past + new)`` itself and hands it to its
   text model (PaliGemma, EXAONE 4.5): positions from the mask, 1-D as the wrapper's own;
