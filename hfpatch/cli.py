@@ -26,8 +26,8 @@ examples:
 exit status:
   0    every model checked is exact with hfpatch (or right on stock)
   1    a model checked is wrong with hfpatch installed
-  2    cannot run: bad arguments, no such checkpoint or model type, neither a causal LM nor an
-       encoder-decoder model (or its tiny model cannot be built or run)
+  2    cannot run: bad arguments, no such checkpoint or model type, neither a causal LM, an
+       image-text-to-text nor an encoder-decoder model (or its tiny model cannot be built or run)
   126  run: the command cannot be executed; 127: it was not found (else: the command's own status)
 """
 

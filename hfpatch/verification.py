@@ -22,7 +22,7 @@ from .plans import attaches_static_caches
 from .positions import new_token_positions
 from .rope import per_row_scaling, scaled_rope
 from .support import installed_transformers
-from .tiny import PAD, VOCAB, seq2seq_auto_class, tiny_model, tiny_seq2seq
+from .tiny import PAD, VOCAB, seq2seq_auto_class, tiny_model, tiny_multimodal, tiny_seq2seq
 from .windows import configured_window, positional, smallest_window
 
 __all__ = [
@@ -47,11 +47,15 @@ STATIC_SLOTS = 16
 MAX_ROPE_PROBE = 1024  # longest original context the rope scenario probes (a row past it, in one call)
 MAX_WINDOW_PROBE = 1024  # longest window the window scenario probes (a right-padded prefix past it)
 _V4_56 = Version("4.56")  # from_pretrained's torch_dtype became dtype
+# the attention a tiny image-text-to-text model of these types is built with for ``verify TYPE``, where
+# the release's default hits a declared limit of the adapter (the limit stays in the notes)
+TINY_ATTENTION = {"paligemma": "eager"}  # SDPA from 5.9: wrong with the right positions, on stock alike
 
 
 class CannotVerify(ValueError):
     """``verify`` cannot run on this input: no such checkpoint directory, an unknown model type, or a
-    model that is not a causal LM (the message says which, in one line)."""
+    model that is neither a causal LM, an image-text-to-text model nor an encoder-decoder model (the
+    message says which, in one line)."""
 
 
 class Scenario(NamedTuple):
@@ -159,23 +163,35 @@ def verify(model: Union[str, os.PathLike, Any], static: bool = True) -> Verifica
     scenarios on its decoder (``decoder_input_ids``, ``decoder_attention_mask``), each row with its own
     fixed, unpadded encoder input (token ids, or speech features built from the config), then a
     left-padded encoder input where the encoder takes token ids and a mask (its hidden states compared).
-    Raises :class:`CannotVerify` (a ``ValueError``) for no such directory, an unknown model type,
-    or a model that is neither a causal LM nor an encoder-decoder model.
+    An image-text-to-text model (PaliGemma, Qwen2-VL, LLaVA ...) runs the decoder-only scenarios on its
+    text path (``input_ids`` and ``attention_mask``, no image); a prefix LM among them (PaliGemma on
+    releases where a call's tokens attend each other both ways) is compared with each row alone through
+    the same cached calls, with a mask of ones. Raises :class:`CannotVerify` (a ``ValueError``) for no
+    such directory, an unknown model type, or a model that is none of those.
 
     >>> result = hfpatch.verify("qwen2")   # doctest: +SKIP
     >>> result.ok, print(result)           # doctest: +SKIP
     """
+    built = isinstance(model, str) and not os.path.isdir(model)  # a model type: built tiny here
     model = _load(model)
     model_type = getattr(model.config, "model_type", "?")
     seq2seq = _is_seq2seq(model)
     inputs = _seq2seq_inputs(model, model_type) if seq2seq else DECODER_ONLY
+    notes = []
     if seq2seq:
         _check_runs(model, model_type, inputs)
-    else:
-        _check_causal(model, model_type)
+    elif not _check_causal(model, model_type, prefix_lm=_is_multimodal(model)):
+        inputs = inputs._replace(prefix_lm=True)
+        notes.append("a prefix LM (a call's tokens attend each other both ways): each row alone runs "
+                     "through the same cached calls, with a mask of ones")  # fmt: skip
     adapter = _adapter_of_class(model) or engine.adapter_for(model_type)
     entry = engine.status().get(adapter.arch if adapter is not None else model_type)
-    notes = list(_limits(model, adapter, probed=not seq2seq))
+    if adapter is not None and model_type not in (adapter.arch, *adapter.aliases):
+        notes.append(f"{model_type} runs {adapter.cls}, patched by the {adapter.arch!r} adapter")
+    attention = TINY_ATTENTION.get(model_type)
+    if built and attention is not None:
+        notes.append(f"built tiny with {attention} attention")
+    notes += _limits(model, adapter, probed=not seq2seq)
     if entry is not None and entry.reason and entry.state != engine.APPLIED:
         notes.append(entry.reason)
     patches = adapter is not None and entry is not None and entry.support in ("tested", "untested newer")
@@ -217,15 +233,17 @@ def _load(model: Any) -> Any:
         dtype = "dtype" if installed_transformers() >= _V4_56 else "torch_dtype"  # 4.56 renamed it
         try:
             config = transformers.AutoConfig.from_pretrained(text)
-            auto = (
-                seq2seq_auto_class(config.model_type)
-                if getattr(config, "is_encoder_decoder", False)
-                else transformers.AutoModelForCausalLM
-            )
+            if getattr(config, "is_encoder_decoder", False):
+                auto = seq2seq_auto_class(config.model_type)
+            elif _image_text_to_text(config.model_type) and config.model_type not in _causal_lm_types():
+                auto = transformers.AutoModelForImageTextToText
+            else:
+                auto = transformers.AutoModelForCausalLM
             return auto.from_pretrained(text, **{dtype: torch.float32}).eval()
         except (OSError, ValueError, KeyError) as exc:
             raise CannotVerify(
-                f"{text}: cannot load a causal LM or an encoder-decoder model from this directory: "
+                f"{text}: cannot load a causal LM, an image-text-to-text or an encoder-decoder model from "
+                f"this directory: "
                 f"{_first_line(exc)}"
             ) from exc
     if os.sep in text or text.startswith(".") or (os.altsep and os.altsep in text):
@@ -253,23 +271,53 @@ def _load(model: Any) -> Any:
                 f"{text}: cannot build a tiny encoder-decoder model on transformers {release}: "
                 f"{_first_line(exc)}"
             ) from exc
+    if _image_text_to_text(text) and text not in _causal_lm_types():
+        try:
+            return tiny_multimodal(text, attention=TINY_ATTENTION.get(text))
+        except Exception as exc:  # noqa: BLE001 - whatever transformers raises building it, in one line
+            raise CannotVerify(
+                f"{text}: cannot build a tiny image-text-to-text model on transformers {release}: "
+                f"{_first_line(exc)}"
+            ) from exc
     try:
         return tiny_model(text)
     except ValueError as exc:
         message = (
-            f"{text}: transformers {release} has no causal-LM class for it, and it is not an "
-            "encoder-decoder model (hfpatch covers decoder-only LMs and encoder-decoder models' decoders)"
+            f"{text}: transformers {release} has no causal-LM class for it, and it is neither an "
+            "image-text-to-text nor an encoder-decoder model (hfpatch covers decoder-only LMs, the text "
+            "path of vision-language models and encoder-decoder models' decoders)"
         )
         raise CannotVerify(message) from exc
+
+
+def _mapping(name: str) -> dict[str, Any]:
+    from transformers.models.auto import modeling_auto
+
+    return getattr(modeling_auto, name, {})
+
+
+def _causal_lm_types() -> dict[str, Any]:
+    return _mapping("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES")
+
+
+def _image_text_to_text(model_type: str) -> bool:
+    """``model_type`` has an image-text-to-text class (``AutoModelForImageTextToText``)."""
+    return model_type in _mapping("MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES")
+
+
+def _is_multimodal(model: Any) -> bool:
+    """An image-text-to-text model, whose text path runs the decoder-only scenarios."""
+    return _image_text_to_text(getattr(model.config, "model_type", ""))
 
 
 def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
 
 
-def _check_causal(model: Any, model_type: str) -> None:
+def _check_causal(model: Any, model_type: str, prefix_lm: bool = False) -> bool:
     """A causal LM's output at a token does not depend on later tokens: change the last token of a
-    sequence and compare the outputs before it. A masked LM or an encoder fails this."""
+    sequence and compare the outputs before it. A masked LM or an encoder fails this: raises, unless
+    ``prefix_lm`` (an image-text-to-text model: a prefix LM, whose call attends both ways), False."""
     ids = torch.tensor([[5, 6, 7, 8]])
     other = ids.clone()
     other[0, -1] = 9
@@ -280,11 +328,14 @@ def _check_causal(model: Any, model_type: str) -> None:
         raise CannotVerify(
             f"{model_type}: a plain call model(input_ids=...) fails: {_first_line(exc)}"
         ) from exc
-    if (first - second).abs().max().item() > TOLERANCE:
+    if (first - second).abs().max().item() <= TOLERANCE:
+        return True
+    if not prefix_lm:
         raise CannotVerify(
             f"{model_type}: not a causal LM (a token's output depends on later tokens): hfpatch covers "
             "decoder-only models"
         )
+    return False
 
 
 def _check_runs(model: Any, model_type: str, inputs: Inputs) -> None:
@@ -354,6 +405,9 @@ class Inputs(NamedTuple):
     channels: int = (
         0  # decoder inputs of audio codes [batch, tokens, channels] (Dia): each token on every one
     )
+    # a prefix LM: each row alone runs through the scenario's same cached calls, with a mask of ones (in
+    # one call, its tokens would attend each other both ways)
+    prefix_lm: bool = False
 
     def tokens(self, ids: torch.Tensor) -> torch.Tensor:
         """``ids`` ``[batch, tokens]`` as the model takes them."""
@@ -512,7 +566,10 @@ def _run_scenario(
                     got = _run(model, model, rows, scenario, cache, width, inputs)
             with engine.unpatched():
                 results.append(
-                    max(_diff(model, r, row, out, inputs) for r, (row, out) in enumerate(zip(rows, got)))
+                    max(
+                        _diff(model, r, row, out, inputs, [chunk[r] for chunk in scenario.chunks])
+                        for r, (row, out) in enumerate(zip(rows, got))
+                    )
                 )
         except Exception as exc:  # noqa: BLE001 - a crash is a result of the probe
             results.append(float("nan"))
@@ -560,13 +617,29 @@ def _run(
     return [torch.cat(p) for p in pieces]
 
 
-def _diff(model: Any, r: int, row: Sequence[int], got: torch.Tensor, inputs: Inputs = DECODER_ONLY) -> float:
-    """Row ``r`` alone (its tokens unpadded, its own fixed inputs, one call, no mask) against ``got``."""
-    with torch.no_grad():
-        alone = inputs.outputs(
-            model(**{inputs.ids: inputs.tokens(torch.tensor([list(row)]))}, **inputs.row(r, 1))
-        )[0]
-    return (alone - got).abs().max().item()
+def _diff(
+    model: Any,
+    r: int,
+    row: Sequence[int],
+    got: torch.Tensor,
+    inputs: Inputs = DECODER_ONLY,
+    counts: Sequence[int] = (),
+) -> float:
+    """Row ``r`` alone (its tokens unpadded, its own fixed inputs, one call, no mask) against ``got``; a
+    prefix LM's row alone runs through the same calls (``counts``: its tokens in each), a mask of ones."""
+    calls = [n for n in counts if n] if inputs.prefix_lm else [len(row)]
+    name = cache_name(model) if len(calls) > 1 else None
+    cache, taken, pieces = None, 0, []
+    for n in calls:
+        ids = torch.tensor([list(row[taken : taken + n])])
+        taken += n
+        mask = {inputs.mask: torch.ones(1, taken, dtype=torch.long)} if inputs.prefix_lm else {}
+        kwargs = inputs.cache_kwargs(name, cache)
+        with torch.no_grad():
+            out = model(**{inputs.ids: inputs.tokens(ids)}, **inputs.row(r, 1), **mask, **kwargs)
+        cache = output_cache(out) if kwargs else None
+        pieces.append(inputs.outputs(out)[0])
+    return (torch.cat(pieces) - got).abs().max().item()
 
 
 def _outputs(out: Any) -> torch.Tensor:

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 import hfpatch
-from hfpatch.tiny import FLAGSHIPS, tiny_model, tiny_seq2seq
+from hfpatch.tiny import FLAGSHIPS, tiny_model, tiny_multimodal, tiny_seq2seq
 from hfpatch.windows import positional
 
 from conftest import TF, arch_skip_reason
@@ -83,6 +83,23 @@ def test_verify_encoder_decoder_models(tmp_path):
     result = _run("verify", "bart", "led")
     assert result.returncode == 1, result.stdout + result.stderr
     assert "bart: fixed by hfpatch" in result.stdout and "led: wrong on stock" in result.stdout, result.stdout
+
+
+def test_verify_vision_language_models(tmp_path):
+    """``verify`` on image-text-to-text models: a model type (PaliGemma, built tiny with eager attention:
+    its SDPA limit stays a note) and a checkpoint directory (a tiny Qwen2-VL, where it is patched): their
+    text calls are fixed, exit 0."""
+    if arch_skip_reason("paligemma"):
+        pytest.skip(arch_skip_reason("paligemma"))
+    targets = ["paligemma"]
+    if not arch_skip_reason("qwen2_vl"):  # 5.5+
+        tiny_multimodal("qwen2_vl").save_pretrained(tmp_path / "qwen2_vl")
+        targets.append(str(tmp_path / "qwen2_vl"))
+    result = _run("verify", *targets, "--no-static")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "paligemma: fixed by hfpatch" in result.stdout, result.stdout
+    assert len(targets) == 1 or "qwen2_vl: fixed by hfpatch" in result.stdout, result.stdout
+    assert "note: built tiny with eager attention" in result.stdout, result.stdout
 
 
 def test_verify_a_base_model_compares_hidden_states():

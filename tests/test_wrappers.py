@@ -5,6 +5,8 @@ image-text-to-text model, eager and SDPA: a right-padded prefix continued from t
 and a left-padded prompt in one call. The reference is written here by hand: each row run alone,
 unpadded, in one call, on stock transformers (PaliGemma, a prefix LM whose masked prefill attends the
 prompt both ways on 4.57-5.5: each row alone through the same cached calls, with a mask of ones).
+Then calls with an image (PaliGemma, LLaVA) or audio (Qwen2-Audio, through Qwen2Model) in a padded
+cached batch, and ``hfpatch.verify`` on the text path of a few image-text-to-text models.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import torch
 from packaging.version import Version
 
 import hfpatch
-from hfpatch.tiny import PAD, tiny_multimodal
+from hfpatch.tiny import PAD, tiny_multimodal, tiny_seq2seq
 
 from conftest import REGISTRY, TF, require_covered, stock
 from harness import TOLERANCE, WRONG, cache_kwarg, output_cache
@@ -188,3 +190,73 @@ def test_image_prefill_in_a_padded_batch_continued_from_the_cache(model_type):
         on_stock = error()
     assert patched <= TOLERANCE, f"{model_type} with an image: hfpatch {patched:.2g}, stock {on_stock:.2g}"
     assert on_stock > WRONG, f"{model_type} with an image: stock is right ({on_stock:.2g})"
+
+
+AUDIO = 90  # the tiny Qwen2-Audio's audio token: 8 per 32 frames of features, 6 per 24
+
+
+def test_audio_prefill_in_a_padded_batch_continued_from_the_cache():
+    """Qwen2-Audio (through Qwen2Model): rows with their own audio (32 and 24 frames of features: 8 and 6
+    audio tokens) and text, right-padded, then one token each from the cache: each row equals itself
+    alone through the same two calls (its audio, a mask of ones)."""
+    require_covered("qwen2")
+    model = tiny_seq2seq("qwen2_audio", attention="eager", audio_token_id=AUDIO)
+    features = torch.randn(2, 16, 32, generator=torch.Generator().manual_seed(1))
+    frames = torch.tensor([[1] * 32, [1] * 24 + [0] * 8])
+    rows = [[AUDIO] * 8 + [11, 12, 13, 14, 15], [AUDIO] * 6 + [21, 22]]
+    kw = cache_kwarg(model)
+
+    def padded() -> list[torch.Tensor]:
+        width = max(len(row) - 1 for row in rows)
+        ids = torch.tensor([row[:-1] + [PAD] * (width + 1 - len(row)) for row in rows])
+        mask = torch.tensor([[1] * (len(row) - 1) + [0] * (width + 1 - len(row)) for row in rows])
+        with torch.no_grad():
+            first = model(
+                input_ids=ids, attention_mask=mask, input_features=features, feature_attention_mask=frames
+            )
+            mask = torch.cat([mask, torch.ones(2, 1, dtype=mask.dtype)], 1)
+            step = torch.tensor([row[-1:] for row in rows])
+            second = model(input_ids=step, attention_mask=mask, **{kw: output_cache(first)})
+        return [torch.cat([first.logits[r, : len(rows[r]) - 1], second.logits[r]]) for r in range(2)]
+
+    def alone(r: int) -> torch.Tensor:
+        with torch.no_grad(), hfpatch.unpatched():
+            ids = torch.tensor([rows[r][:-1]])
+            first = model(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                input_features=features[r : r + 1],
+                feature_attention_mask=frames[r : r + 1],
+            )
+            mask = torch.ones(1, len(rows[r]), dtype=torch.long)
+            step = torch.tensor([rows[r][-1:]])
+            second = model(input_ids=step, attention_mask=mask, **{kw: output_cache(first)})
+        return torch.cat([first.logits[0], second.logits[0]])
+
+    def error() -> float:
+        return max((alone(r) - got).abs().max().item() for r, got in enumerate(padded()))
+
+    patched = error()
+    with stock():
+        on_stock = error()
+    assert patched <= TOLERANCE, f"qwen2_audio with audio: hfpatch {patched:.2g}, stock {on_stock:.2g}"
+    assert on_stock > WRONG, f"qwen2_audio with audio: stock is right ({on_stock:.2g})"
+
+
+@pytest.mark.parametrize(
+    "model_type, adapter", [("paligemma", "paligemma"), ("qwen2_vl", "qwen2_vl"), ("llava", "llama")]
+)
+def test_verify_runs_the_text_scenarios(model_type, adapter):
+    """``hfpatch.verify`` on an image-text-to-text model: the decoder-only scenarios on its text path (a
+    wrapper patched itself, a text model, a wrapper through its language model): exact with hfpatch,
+    wrong on stock. PaliGemma where it is a prefix LM: each row alone through the same cached calls."""
+    require_covered(adapter)
+    if model_type in REGISTRY:
+        model = _model(model_type, model_type, "eager")
+    else:
+        model = tiny_multimodal(model_type, attention="eager")
+    result = hfpatch.verify(model)
+    assert result.patches and result.ok and result.stock_wrong, str(result)
+    assert len(result.rows) >= 4, str(result)
+    if model_type == "llava":
+        assert "llava runs LlamaModel, patched by the 'llama' adapter" in result.notes, str(result)

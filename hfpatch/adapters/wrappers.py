@@ -3,8 +3,9 @@ transformers' seq2seq, speech-seq2seq and image-text-to-text mappings that no ad
 (hfpatch/adapters/seq2seq.py patches the seq2seq decoders), each with its verdict, measured on 5.24.0
 with tiny models (research: decoders-5.24.md), or "not measured" with what is known.
 
-Patched (family ``rotary`` with ``multimodal=True``: no causal LM of their own, so ``verify()`` and the
-release probe leave them to tests/test_wrappers.py; windows stay transformers'):
+Patched (family ``rotary`` with ``multimodal=True``: no causal LM of their own: ``verify()`` runs their
+text calls (no image), the release probe leaves them to tests/test_wrappers.py; windows stay
+transformers'):
 
 - the wrapper's own forward, where it counts ``arange(past, past + new)`` itself and hands it to its
   text model (PaliGemma, EXAONE 4.5): positions from the mask, 1-D as the wrapper's own;
@@ -64,6 +65,13 @@ ADAPTERS = register_all(
 # fmt: on
 
 MEASURED = "measured fixed on 5.24.0 (text only; the image/audio path not measured)"
+WITH_IMAGE = (
+    "measured fixed on 4.57.6, 5.5.4 and 5.24.0, text only and with an image in a padded cached batch"
+)
+WITH_AUDIO = (
+    "measured fixed on 4.57.6, 5.5.4 and 5.24.0 with audio (each row its own audio and text, right-padded, "
+    "continued from the cache by one token: stock 0.17-0.34, hfpatch exact; tests/test_wrappers.py)"
+)
 SEQ2SEQ_WRAPPER = (
     "runs the decoder of its decoder config: a patched decoder-only class (GPT-2 ...), or BERT as a decoder "
     "(BertLMHeadModel, patched by the 'bert' adapter): measured fixed on 5.24.0 (hfpatch verify); its encoder "
@@ -72,9 +80,9 @@ SEQ2SEQ_WRAPPER = (
 NOT_MEASURED = "not measured ({})"
 
 
-def _through(arch: str, adapter: str, cls: str) -> Undeclared:
+def _through(arch: str, adapter: str, cls: str, measured: str = MEASURED) -> Undeclared:
     return Undeclared(
-        arch, THROUGH_LANGUAGE_MODEL, f"runs {cls}, patched by the {adapter!r} adapter; {MEASURED}"
+        arch, THROUGH_LANGUAGE_MODEL, f"runs {cls}, patched by the {adapter!r} adapter; {measured}"
     )
 
 
@@ -98,7 +106,7 @@ UNDECLARED = declare_all(
     _through("granite_speech_plus", "granite", "GraniteModel"),
     _through("musicflamingo", "qwen2", "Qwen2Model"),
     _through("omniasr", "llama", "LlamaModel"),
-    _through("qwen2_audio", "qwen2", "Qwen2Model"),
+    _through("qwen2_audio", "qwen2", "Qwen2Model", WITH_AUDIO),
     _through("qwen3_asr", "qwen3", "Qwen3Model"),
     _through("voxtral", "llama", "LlamaModel"),
     _through("fun_asr_nano", "qwen3", "Qwen3Model"),
@@ -115,7 +123,7 @@ UNDECLARED = declare_all(
     _unmeasured("kyutai_speech_to_text", "its tiny model fails a plain call"),
     _unmeasured("gptsan-japanese", "removed in 5.0"),
     # image-text-to-text: measured (decoders-5.24.md, part C)
-    _through("llava", "llama", "LlamaModel"),
+    _through("llava", "llama", "LlamaModel", WITH_IMAGE),
     _through("llava_next", "llama", "LlamaModel"),
     _through("llava_next_video", "llama", "LlamaModel"),
     _through("llava_onevision", "qwen2", "Qwen2Model"),
