@@ -87,6 +87,9 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     },
     "exaone4": _PAD_ID,
     "flint": {"layer_types": ["sliding_attention", "full_attention"]},
+    # not patched (short convolutions): the default configs have attention layers only, a checkpoint has both
+    "lfm2": {"layer_types": ["conv", "full_attention"], "full_attn_idxs": [1]},
+    "lfm2_moe": {"layer_types": ["conv", "full_attention"], "full_attn_idxs": [1]},
     "gemma3n_text": {
         "num_hidden_layers": 4, "layer_types": ["sliding_attention", "full_attention"] * 2,
         "num_kv_shared_layers": 2, "vocab_size_per_layer_input": VOCAB, "hidden_size_per_layer_input": 16,
@@ -180,6 +183,7 @@ MULTIMODAL_OVERRIDES: dict[str, dict[str, Any]] = {
     "exaone4_5": {"text_config": {**_PAD_ID, **_WIDE}},  # windows stay transformers' (a declared limit)
     "chameleon": {"vocabulary_map": {"<image>": 96, "IMGIMG0": 95}, "image_token_id": 96},
     "granite_docling": {"vision_config": _VISION},
+    "lfm2_vl": {"text_config": {"layer_types": ["conv", "full_attention"], "full_attn_idxs": [1]}},
     # an image of 28 x 28 pixels: 4 patches of 14, 4 image tokens (id 96)
     "llava": {
         "vision_config": {"image_size": 28, "patch_size": 14}, "image_token_id": 96, "image_token_index": 96,

@@ -97,10 +97,10 @@ def test_status_lists_every_decoder_only_model_type():
     assert causal - set(status) == NOT_DECODER_ONLY, "new or gone model types: declare or drop them"
 
 
-@pytest.mark.parametrize("model_type", ["mamba", "opt"])
+@pytest.mark.parametrize("model_type", ["mamba", "opt", "lfm2"])
 def test_verify_model_types_hfpatch_does_not_patch(model_type):
     """verify() works on any causal LM, patched or not: what it finds matches the declared verdict
-    (mamba: not fixable by positions, a recurrent state; OPT: right on stock)."""
+    (mamba: not fixable by positions, a recurrent state; LFM2: short convolutions; OPT: right on stock)."""
     import transformers
 
     try:
