@@ -115,10 +115,10 @@ ADAPTERS = register_all(
     Adapter("whisper", "WhisperDecoder", POSITION_IDS_ABSOLUTE, "4.56"),
     Adapter("t5gemma", "T5GemmaDecoder", POSITION_IDS_ROTARY, "4.56", limits=(COLUMN_WINDOW,)),
     Adapter("t5gemma2", "T5Gemma2Decoder", POSITION_IDS_MERGED, "5.0", limits=(COLUMN_WINDOW,)),
-    Adapter("canary", "CanaryDecoder", POSITION_IDS_ABSOLUTE, "5.20"),
-    Adapter("cohere_asr", "CohereAsrDecoder", POSITION_IDS_ABSOLUTE, "5.16"),
+    Adapter("canary", "CanaryDecoder", POSITION_IDS_ABSOLUTE, "5.17"),
+    Adapter("cohere_asr", "CohereAsrDecoder", POSITION_IDS_ABSOLUTE, "5.13"),
     Adapter("moonshine", "MoonshineDecoder", POSITION_IDS_ROTARY, "4.56"),
     Adapter("dia", "DiaDecoder", POSITION_IDS_CODES, "4.56"),
-    Adapter("moonshine_streaming", "MoonshineStreamingDecoder", POSITION_IDS_ROTARY, "5.3"),
+    Adapter("moonshine_streaming", "MoonshineStreamingDecoder", POSITION_IDS_ROTARY, "5.2"),
 )
 # fmt: on

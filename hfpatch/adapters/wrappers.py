@@ -15,12 +15,12 @@ transformers'):
   ``arange``; the 3-D positions of an image call are the wrapper's, forwarded unchanged;
 - Chameleon and Granite-Docling, whose text models count ``arange`` like any decoder.
 
-Each measured on 4.57.6, 5.5.4 and 5.24.0 where the release ships the model (the first of those is its
-``since``; the releases between were not run). The Qwen-VL family from 5.5 only: on 4.57.6 its wrapper
-derives text-only positions itself (``get_rope_index``, then ``rope_deltas`` in cached calls) and hands
-them to the text model, wrong for a padded cached prefix (0.77-1.1 on tiny models; Qwen2-VL's cached call
-fails), so the text model's patch never acts there. With an image, the Qwen-VL wrapper's positions stand: a plain forward call that continues an image prefill
-from the cache with the mask of past + new tokens fails on stock (tiny Qwen2-VL on 4.57.6, 5.5.4 and
+Each from the first release where the probe (tests/test_wrappers.py on every release, compat/REPORT.md)
+finds it exact. The Qwen-VL family from 5.2: before, its wrapper derives text-only positions itself
+(``get_rope_index``, then ``rope_deltas`` in cached calls) and hands them to the text model, wrong for a
+padded cached prefix (0.77-1.1 on tiny models on 4.57.6; Qwen2-VL's cached call fails), so the text
+model's patch never acts there. With an image, the Qwen-VL wrapper's positions stand: a plain forward
+call that continues an image prefill from the cache with the mask of past + new tokens fails on stock (tiny Qwen2-VL on 4.57.6, 5.5.4 and
 5.24.0: its ``rope_deltas`` branch counts positions for every mask column, not the new tokens), with
 hfpatch too; ``generate()`` passes positions of its own. PaliGemma is a prefix LM: on 4.57.6 and 5.5.4 a
 masked prefill attends the whole prompt both ways, so its reference is each row alone through the same
@@ -50,17 +50,17 @@ PALIGEMMA_SDPA = (
 
 # fmt: off
 ADAPTERS = register_all(
-    Adapter("paligemma", "PaliGemmaModel", MULTIMODAL, "4.57", limits=(WINDOW, PALIGEMMA_SDPA)),  # 2: Gemma 2's window
-    Adapter("exaone4_5", "Exaone4_5_Model", MULTIMODAL, "5.24", limits=(WINDOW,)),
-    Adapter("qwen2_vl", "Qwen2VLTextModel", MULTIMODAL, "5.5"),
-    Adapter("qwen2_5_vl", "Qwen2_5_VLTextModel", MULTIMODAL, "5.5"),
-    Adapter("qwen3_vl", "Qwen3VLTextModel", MULTIMODAL, "5.5"),
-    Adapter("qwen3_vl_moe", "Qwen3VLMoeTextModel", MULTIMODAL, "5.5"),
-    Adapter("glm4v", "Glm4vTextModel", MULTIMODAL, "5.5", aliases=("glm46v", "glmga"), alias_since=(("glmga", "5.24"),)),
-    Adapter("paddleocr_vl", "PaddleOCRTextModel", MULTIMODAL, "5.5"),
-    Adapter("hunyuan_vl", "HunYuanVLTextModel", MULTIMODAL, "5.24"),
-    Adapter("chameleon", "ChameleonModel", MULTIMODAL, "4.57"),
-    Adapter("granite_docling", "GraniteDoclingTextModel", MULTIMODAL, "5.24"),
+    Adapter("paligemma", "PaliGemmaModel", MULTIMODAL, "4.56", limits=(WINDOW, PALIGEMMA_SDPA)),  # 2: Gemma 2's window
+    Adapter("exaone4_5", "Exaone4_5_Model", MULTIMODAL, "5.8", limits=(WINDOW,)),
+    Adapter("qwen2_vl", "Qwen2VLTextModel", MULTIMODAL, "5.2"),
+    Adapter("qwen2_5_vl", "Qwen2_5_VLTextModel", MULTIMODAL, "5.2"),
+    Adapter("qwen3_vl", "Qwen3VLTextModel", MULTIMODAL, "5.2"),
+    Adapter("qwen3_vl_moe", "Qwen3VLMoeTextModel", MULTIMODAL, "5.2"),
+    Adapter("glm4v", "Glm4vTextModel", MULTIMODAL, "5.2", aliases=("glm46v", "glmga"), alias_since=(("glmga", "5.24"),)),
+    Adapter("paddleocr_vl", "PaddleOCRTextModel", MULTIMODAL, "5.2"),
+    Adapter("hunyuan_vl", "HunYuanVLTextModel", MULTIMODAL, "5.13"),
+    Adapter("chameleon", "ChameleonModel", MULTIMODAL, "4.56"),
+    Adapter("granite_docling", "GraniteDoclingTextModel", MULTIMODAL, "5.23"),
 )
 # fmt: on
 
