@@ -50,7 +50,7 @@ PALIGEMMA_SDPA = (
 
 # fmt: off
 ADAPTERS = register_all(
-    Adapter("paligemma", "PaliGemmaModel", MULTIMODAL, "4.56", limits=(WINDOW, PALIGEMMA_SDPA)),  # 2: Gemma 2's window
+    Adapter("paligemma", "PaliGemmaModel", MULTIMODAL, "4.52", limits=(WINDOW, PALIGEMMA_SDPA)),  # 2: Gemma 2's window
     Adapter("exaone4_5", "Exaone4_5_Model", MULTIMODAL, "5.8", limits=(WINDOW,)),
     Adapter("qwen2_vl", "Qwen2VLTextModel", MULTIMODAL, "5.2"),
     Adapter("qwen2_5_vl", "Qwen2_5_VLTextModel", MULTIMODAL, "5.2"),
@@ -59,7 +59,7 @@ ADAPTERS = register_all(
     Adapter("glm4v", "Glm4vTextModel", MULTIMODAL, "5.2", aliases=("glm46v", "glmga"), alias_since=(("glmga", "5.24"),)),
     Adapter("paddleocr_vl", "PaddleOCRTextModel", MULTIMODAL, "5.2"),
     Adapter("hunyuan_vl", "HunYuanVLTextModel", MULTIMODAL, "5.13"),
-    Adapter("chameleon", "ChameleonModel", MULTIMODAL, "4.56"),
+    Adapter("chameleon", "ChameleonModel", MULTIMODAL, "4.49"),
     Adapter("granite_docling", "GraniteDoclingTextModel", MULTIMODAL, "5.23"),
 )
 # fmt: on
