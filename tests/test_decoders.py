@@ -9,6 +9,7 @@ one call, no mask.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import pytest
@@ -178,7 +179,7 @@ def test_bert_as_a_decoder_rows_equal_themselves_alone(scenario):
     if ("encoder-decoder", "eager") not in _models:
         try:
             _models["encoder-decoder", "eager"] = tiny_seq2seq("encoder-decoder", attention="eager")
-        except (ValueError, TypeError) as exc:  # before 5.0 its config needs its encoder and decoder
+        except (ValueError, TypeError, AssertionError) as exc:  # before 5.0 it needs its encoder and decoder
             pytest.skip(f"no tiny encoder-decoder model from defaults in transformers {TF}: {str(exc)[:100]}")
     model = _models["encoder-decoder", "eager"]
     chunks, left = SCENARIOS[scenario]
@@ -269,6 +270,9 @@ def test_generate_with_left_padded_decoder_prompts(name):
     nothing) and right with T5's relative bias (a uniform shift cancels). M2M100 counts the non-pad ids
     of a call plus the past length: right in one call, wrong from the first generated token."""
     model = _model(name, "eager")
+    prepare = inspect.getsource(type(model).prepare_inputs_for_generation)
+    if "decoder_attention_mask" not in prepare:  # a call without a mask is stock's (M2M100 before 4.46 ...)
+        pytest.skip(f"generate() in transformers {TF} does not hand {name} its decoder_attention_mask")
     encoder = _encoder_input(model, 2)
     start = model.generation_config.decoder_start_token_id
     if start is None:  # the tiny T5 config names none

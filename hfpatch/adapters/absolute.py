@@ -10,7 +10,7 @@ ABSOLUTE = Family("absolute", left_padding_wrong_on_stock=True)
 ADAPTERS = register_all(
     # BERT as a decoder (is_decoder=True: the decoder of an encoder-decoder model, or a causal LM alone): its
     # LM-head class, so that BertModel as an encoder is left alone
-    Adapter("bert", "BertLMHeadModel", ABSOLUTE, "4.44", known_bad=((">=4.56,<5.0", "BERT with SDPA attention and a StaticCache fails on stock (a mask of the wrong length), so the release is not verified: use 5.0+"),)),
+    Adapter("bert", "BertLMHeadModel", ABSOLUTE, "4.20", known_bad=((">=4.56,<5.0", "BERT with SDPA attention and a StaticCache fails on stock (a mask of the wrong length), so the release is not verified: use 5.0+"),)),
     Adapter("biogpt", "BioGptModel", ABSOLUTE, "4.26"),
     Adapter("ctrl", "CTRLModel", ABSOLUTE, "4.20"),
     Adapter("gpt2", "GPT2Model", ABSOLUTE, "4.20", aliases=("gpt-sw3",)),

@@ -60,6 +60,12 @@ RELATIVE_POSITION_BIAS = Family(
 )
 
 
+MASK_437 = (
+    "a left-padded decoder prefix continued by several tokens stays wrong with the right positions (the "
+    "release's own mask for such calls): use 4.39+"
+)
+
+
 def _bart_like(
     arch: str, prefix: str, table: str = "LearnedPositionalEmbedding", since: str = "4.56"
 ) -> Adapter:
@@ -89,30 +95,30 @@ def _t5_like(arch: str, prefix: str, since: str = "4.56") -> Adapter:
 
 # fmt: off
 ADAPTERS = register_all(
-    _bart_like("bart", "Bart", since="4.44"),
-    _bart_like("mbart", "MBart", since="4.44"),
-    _bart_like("plbart", "PLBart", since="4.44"),
-    _bart_like("mvp", "Mvp", since="4.44"),
-    _bart_like("blenderbot", "Blenderbot", since="4.44"),
-    _bart_like("blenderbot-small", "BlenderbotSmall", since="4.44"),
+    _bart_like("bart", "Bart", since="4.20")._replace(known_bad=((">=4.36,<4.39", MASK_437),)),
+    _bart_like("mbart", "MBart", since="4.20"),
+    _bart_like("plbart", "PLBart", since="4.20"),
+    _bart_like("mvp", "Mvp", since="4.21"),
+    _bart_like("blenderbot", "Blenderbot", since="4.20"),
+    _bart_like("blenderbot-small", "BlenderbotSmall", since="4.20"),
     _bart_like("bigbird_pegasus", "BigBirdPegasus", since="4.52"),
-    _bart_like("marian", "Marian", table="SinusoidalPositionalEmbedding", since="4.44"),
-    _bart_like("pegasus", "Pegasus", table="SinusoidalPositionalEmbedding", since="4.44"),
+    _bart_like("marian", "Marian", table="SinusoidalPositionalEmbedding", since="4.20"),
+    _bart_like("pegasus", "Pegasus", table="SinusoidalPositionalEmbedding", since="4.20"),
     Adapter("pegasus_x", "PegasusXDecoder", POSITION_SINUSOID, "4.52", receiver="PegasusXSinusoidalPositionalEmbedding", also=("PegasusXEncoder",)),
-    _padded("m2m_100", "M2M100", since="4.44"),
-    _padded("nllb-moe", "NllbMoe", since="4.44"),
-    _padded("seamless_m4t", "SeamlessM4T", since="4.44"),
-    _padded("seamless_m4t_v2", "SeamlessM4Tv2", since="4.44"),
-    Adapter("speech_to_text", "Speech2TextDecoder", PADDED_POSITION_TABLE, "4.44", receiver="Speech2TextSinusoidalPositionalEmbedding"),
+    _padded("m2m_100", "M2M100", since="4.35"),
+    _padded("nllb-moe", "NllbMoe", since="4.35"),
+    _padded("seamless_m4t", "SeamlessM4T", since="4.35"),
+    _padded("seamless_m4t_v2", "SeamlessM4Tv2", since="4.36"),
+    Adapter("speech_to_text", "Speech2TextDecoder", PADDED_POSITION_TABLE, "4.20", receiver="Speech2TextSinusoidalPositionalEmbedding"),
     # the decoder takes hidden states: its text prenet (ids, the decoder's mask and cache) holds the table
-    Adapter("speecht5", "SpeechT5TextDecoderPrenet", PADDED_POSITION_TABLE, "4.44", receiver="SpeechT5SinusoidalPositionalEmbedding"),
+    Adapter("speecht5", "SpeechT5TextDecoderPrenet", PADDED_POSITION_TABLE, "4.27", receiver="SpeechT5SinusoidalPositionalEmbedding"),
     _t5_like("t5", "T5", since="4.46"),
     _t5_like("mt5", "MT5", since="4.46"),
     _t5_like("umt5", "UMT5", since="4.46")._replace(known_bad=((">=5.15,<5.18", "UMT5 with SDPA attention (new in 5.15) is wrong on stock with any padded decoder mask, positions aside (right padding in one call, unpadded rows too): use 5.18+"),)),
     _t5_like("longt5", "LongT5", since="4.46"),
     _t5_like("switch_transformers", "SwitchTransformers", since="4.46"),
     _t5_like("pop2piano", "Pop2Piano", since="4.46"),
-    Adapter("whisper", "WhisperDecoder", POSITION_IDS_ABSOLUTE, "4.44"),
+    Adapter("whisper", "WhisperDecoder", POSITION_IDS_ABSOLUTE, "4.39"),
     Adapter("t5gemma", "T5GemmaDecoder", POSITION_IDS_ROTARY, "4.53", limits=(COLUMN_WINDOW,)),
     Adapter("t5gemma2", "T5Gemma2Decoder", POSITION_IDS_MERGED, "5.0", limits=(COLUMN_WINDOW,)),
     Adapter("canary", "CanaryDecoder", POSITION_IDS_ABSOLUTE, "5.17"),
