@@ -20,11 +20,11 @@ finds it exact. The Qwen-VL family from 5.2: before, its wrapper derives text-on
 (``get_rope_index``, then ``rope_deltas`` in cached calls) and hands them to the text model, wrong for a
 padded cached prefix (0.77-1.1 on tiny models on 4.57.6; Qwen2-VL's cached call fails), so the text
 model's patch never acts there. With an image, the Qwen-VL wrapper's positions stand: a plain forward
-call that continues an image prefill from the cache with the mask of past + new tokens fails on stock (tiny Qwen2-VL on 4.57.6, 5.5.4 and
-5.24.0: its ``rope_deltas`` branch counts positions for every mask column, not the new tokens), with
-hfpatch too; ``generate()`` passes positions of its own. PaliGemma is a prefix LM: on 4.57.6 and 5.5.4 a
-masked prefill attends the whole prompt both ways, so its reference is each row alone through the same
-cached calls.
+call that continues an image prefill from the cache with the mask of past + new tokens fails on stock
+(tiny Qwen2-VL on 4.57.6, 5.5.4 and 5.24.0: its ``rope_deltas`` branch counts positions for every mask
+column, not the new tokens), with hfpatch too; ``generate()`` passes positions of its own. PaliGemma is
+a prefix LM: on 4.57.6 and 5.5.4 a masked prefill attends the whole prompt both ways, so its reference
+is each row alone through the same cached calls.
 
 Not patched:
 
