@@ -140,6 +140,32 @@ def test_explicit_positions_and_no_mask_are_stock(model_type):
     assert all(torch.equal(g, w) for g, w in zip(got, want))
 
 
+def _prefill_continued_error(model: Any, rows: list[list[int]], inputs: dict[str, torch.Tensor]) -> float:
+    """Rows with their own image or audio (``inputs``, one per row) and text, right-padded, then one token
+    each from the cache: the largest difference from each row alone through the same two calls (its own
+    inputs, a mask of ones), on stock."""
+    kw = cache_kwarg(model)
+    width = max(len(row) - 1 for row in rows)
+    ids = torch.tensor([row[:-1] + [PAD] * (width + 1 - len(row)) for row in rows])
+    mask = torch.tensor([[1] * (len(row) - 1) + [0] * (width + 1 - len(row)) for row in rows])
+    with torch.no_grad():
+        first = model(input_ids=ids, attention_mask=mask, **inputs)
+        mask = torch.cat([mask, torch.ones(len(rows), 1, dtype=mask.dtype)], 1)
+        step = torch.tensor([row[-1:] for row in rows])
+        second = model(input_ids=step, attention_mask=mask, **{kw: output_cache(first)})
+    errors = []
+    for r, row in enumerate(rows):
+        got = torch.cat([first.logits[r, : len(row) - 1], second.logits[r]])
+        with torch.no_grad(), hfpatch.unpatched():
+            own = {name: value[r : r + 1] for name, value in inputs.items()}
+            alone_ids = torch.tensor([row[:-1]])
+            alone = model(input_ids=alone_ids, attention_mask=torch.ones_like(alone_ids), **own)
+            full = torch.ones(1, len(row), dtype=torch.long)
+            last = model(input_ids=torch.tensor([row[-1:]]), attention_mask=full, **{kw: output_cache(alone)})
+        errors.append((torch.cat([alone.logits[0], last.logits[0]]) - got).abs().max().item())
+    return max(errors)
+
+
 IMAGE = 96  # the tiny models' image token (MULTIMODAL_OVERRIDES): 4 per 28 x 28 image
 
 
@@ -157,37 +183,10 @@ def test_image_prefill_in_a_padded_batch_continued_from_the_cache(model_type):
         model = tiny_multimodal("llava", attention="eager")
     pixels = torch.randn(2, 3, 28, 28, generator=torch.Generator().manual_seed(1))
     rows = [[IMAGE] * 4 + [11, 12, 13, 14], [IMAGE] * 4 + [21]]
-    kw = cache_kwarg(model)
-
-    def padded() -> list[torch.Tensor]:
-        ids = torch.tensor([rows[0][:-1], rows[1][:-1] + [PAD] * 3])
-        mask = torch.tensor([[1] * 7, [1] * 4 + [0] * 3])
-        with torch.no_grad():
-            first = model(input_ids=ids, attention_mask=mask, pixel_values=pixels)
-            mask = torch.cat([mask, torch.ones(2, 1, dtype=mask.dtype)], 1)
-            step = torch.tensor([[rows[0][-1]], [rows[1][-1]]])
-            second = model(input_ids=step, attention_mask=mask, **{kw: output_cache(first)})
-        return [
-            torch.cat([first.logits[0], second.logits[0]]),
-            torch.cat([first.logits[1, :4], second.logits[1]]),
-        ]
-
-    def alone(r: int) -> torch.Tensor:
-        with torch.no_grad(), hfpatch.unpatched():
-            ids = torch.tensor([rows[r][:-1]])
-            first = model(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=pixels[r : r + 1])
-            mask = torch.ones(1, len(rows[r]), dtype=torch.long)
-            second = model(
-                input_ids=torch.tensor([rows[r][-1:]]), attention_mask=mask, **{kw: output_cache(first)}
-            )
-        return torch.cat([first.logits[0], second.logits[0]])
-
-    def error() -> float:
-        return max((alone(r) - got).abs().max().item() for r, got in enumerate(padded()))
-
-    patched = error()
+    inputs = {"pixel_values": pixels}
+    patched = _prefill_continued_error(model, rows, inputs)
     with stock():
-        on_stock = error()
+        on_stock = _prefill_continued_error(model, rows, inputs)
     assert patched <= TOLERANCE, f"{model_type} with an image: hfpatch {patched:.2g}, stock {on_stock:.2g}"
     assert on_stock > WRONG, f"{model_type} with an image: stock is right ({on_stock:.2g})"
 
@@ -206,41 +205,10 @@ def test_audio_prefill_in_a_padded_batch_continued_from_the_cache():
     features = torch.randn(2, 16, 32, generator=torch.Generator().manual_seed(1))
     frames = torch.tensor([[1] * 32, [1] * 24 + [0] * 8])
     rows = [[AUDIO] * 8 + [11, 12, 13, 14, 15], [AUDIO] * 6 + [21, 22]]
-    kw = cache_kwarg(model)
-
-    def padded() -> list[torch.Tensor]:
-        width = max(len(row) - 1 for row in rows)
-        ids = torch.tensor([row[:-1] + [PAD] * (width + 1 - len(row)) for row in rows])
-        mask = torch.tensor([[1] * (len(row) - 1) + [0] * (width + 1 - len(row)) for row in rows])
-        with torch.no_grad():
-            first = model(
-                input_ids=ids, attention_mask=mask, input_features=features, feature_attention_mask=frames
-            )
-            mask = torch.cat([mask, torch.ones(2, 1, dtype=mask.dtype)], 1)
-            step = torch.tensor([row[-1:] for row in rows])
-            second = model(input_ids=step, attention_mask=mask, **{kw: output_cache(first)})
-        return [torch.cat([first.logits[r, : len(rows[r]) - 1], second.logits[r]]) for r in range(2)]
-
-    def alone(r: int) -> torch.Tensor:
-        with torch.no_grad(), hfpatch.unpatched():
-            ids = torch.tensor([rows[r][:-1]])
-            first = model(
-                input_ids=ids,
-                attention_mask=torch.ones_like(ids),
-                input_features=features[r : r + 1],
-                feature_attention_mask=frames[r : r + 1],
-            )
-            mask = torch.ones(1, len(rows[r]), dtype=torch.long)
-            step = torch.tensor([rows[r][-1:]])
-            second = model(input_ids=step, attention_mask=mask, **{kw: output_cache(first)})
-        return torch.cat([first.logits[0], second.logits[0]])
-
-    def error() -> float:
-        return max((alone(r) - got).abs().max().item() for r, got in enumerate(padded()))
-
-    patched = error()
+    inputs = {"input_features": features, "feature_attention_mask": frames}
+    patched = _prefill_continued_error(model, rows, inputs)
     with stock():
-        on_stock = error()
+        on_stock = _prefill_continued_error(model, rows, inputs)
     assert patched <= TOLERANCE, f"qwen2_audio with audio: hfpatch {patched:.2g}, stock {on_stock:.2g}"
     assert on_stock > WRONG, f"qwen2_audio with audio: stock is right ({on_stock:.2g})"
 
