@@ -142,8 +142,8 @@ def architectures() -> str:
         "|---|---|---|---|",
     ]
     for adapter in registry:
-        types = adapter.arch + "".join(f", {alias}" for alias in adapter.aliases)
-        lines.append(f"| {types} | `{adapter.cls}` | {adapter.family.name} | {_releases(adapter)} |")
+        family, releases = adapter.family.name, _releases(adapter)
+        lines.append(f"| {_types(adapter)} | `{adapter.cls}` | {family} | {releases} |")
     lines += [
         "",
         f"{sum(1 + len(a.aliases) for a in multimodal)} vision-language model types whose wrapper or text "
@@ -153,8 +153,7 @@ def architectures() -> str:
         "|---|---|---|",
     ]
     for adapter in multimodal:
-        types = adapter.arch + "".join(f", {alias}" for alias in adapter.aliases)
-        lines.append(f"| {types} | `{adapter.cls}` | {_releases(adapter)} |")
+        lines.append(f"| {_types(adapter)} | `{adapter.cls}` | {_releases(adapter)} |")
     lines += [
         "",
         f"{len(seq2seq)} encoder-decoder model types whose decoder (and, where its positions are absolute, "
@@ -175,6 +174,11 @@ def architectures() -> str:
         if not entry.target
     ]
     return "\n".join(lines)
+
+
+def _types(adapter: Any) -> str:
+    """The model types that run an adapter's class: its own, then its aliases."""
+    return adapter.arch + "".join(f", {alias}" for alias in adapter.aliases)
 
 
 def _releases(adapter: Any) -> str:

@@ -110,7 +110,7 @@ def apply_windows(
 def positional(model: Any, cls: str) -> bool:
     """Whether hfpatch decides ``model``'s windows by position: its module of class ``cls`` (the patched
     one) builds windowed masks hfpatch can replace, for layer types it knows, in eager or SDPA attention."""
-    owner = next((type(m) for m in model.modules() if type(m).__name__ == cls), None)
+    owner = _owner(model, cls)
     config = _text_config(model)
     if owner is None or window_plan(owner) is None:
         return False
@@ -127,7 +127,7 @@ def smallest_window(model: Any, cls: Optional[str] = None) -> Optional[int]:
     """The smallest sliding window or attention chunk of a model's layers, or None (``cls``: the patched
     class, whose mask code may apply a window its config switches off)."""
     config = _text_config(model)
-    owner = next((type(m) for m in model.modules() if type(m).__name__ == cls), None) if cls else None
+    owner = _owner(model, cls) if cls else None
     types = _layer_types(config, window_plan(owner) if owner is not None else None)
     sizes = [size for kind in set(types) for size in _window_of(config, kind) or () if size]
     return min(sizes) if sizes else None
@@ -140,6 +140,11 @@ def configured_window(model: Any) -> Optional[int]:
     sizes = [getattr(config, name, None) for name in ("sliding_window", "attention_chunk_size")]
     sizes = [size for size in sizes if isinstance(size, int) and size > 0]
     return min(sizes) if sizes else None
+
+
+def _owner(model: Any, cls: str) -> Optional[type]:
+    """The class of ``model``'s module named ``cls`` (the patched one), or None."""
+    return next((type(m) for m in model.modules() if type(m).__name__ == cls), None)
 
 
 def _text_config(model: Any) -> Any:
