@@ -15,6 +15,8 @@ hfpatch from the checkout, runs the whole test suite (JUnit XML) and the stock-v
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -30,6 +32,13 @@ nox.options.sessions = ["matrix"]
 nox.options.error_on_missing_interpreters = True
 # current releases, next to the newest transformers
 INTEGRATIONS = ["peft", "trl", "accelerate", "ray[default]", "deepspeed", "sentence-transformers"]
+
+
+def _free_disk(session: nox.Session) -> None:
+    """Under CI, drop a finished session's virtualenv (torch and its kin are >1 GB each): the CI
+    machine's disk holds one at a time, not the eight a full CI run creates."""
+    if os.environ.get("CI") and session.virtualenv.location:
+        shutil.rmtree(session.virtualenv.location, ignore_errors=True)
 
 
 def _run_release(session: nox.Session, release: str, strict: bool) -> None:
@@ -53,6 +62,7 @@ def _run_release(session: nox.Session, release: str, strict: bool) -> None:
     )  # fmt: skip
     if not strict:  # the report's stock-vs-hfpatch counts; CI only needs the tests
         session.run("python", "compat/count_cases.py", str(RESULTS / f"{release}.cases.json"))
+    _free_disk(session)
 
 
 @nox.session(reuse_venv=True)
@@ -85,6 +95,7 @@ def decoders(session: nox.Session, transformers: str) -> None:
         "python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not inductor",
         "tests/test_decoders.py", "tests/test_wrappers.py",
     )  # fmt: skip
+    _free_disk(session)
 
 
 @nox.session(reuse_venv=False)
@@ -99,6 +110,7 @@ def integrations(session: nox.Session) -> None:
         "python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "slow or not slow",
         "tests/integrations", "tests/test_processes.py", "tests/test_workers.py",
     )  # fmt: skip
+    _free_disk(session)
 
 
 @nox.session(reuse_venv=False)
@@ -117,3 +129,5 @@ def wheel(session: nox.Session) -> None:
     session.run("hfpatch", "verify", "qwen2", "--no-static")
     check = "import hfpatch; how = hfpatch.status().applied_by; assert 'launcher' in how, how; print(how)"
     session.run("hfpatch", "run", "--", "python", "-c", check)
+    shutil.rmtree(out, ignore_errors=True)
+    _free_disk(session)
