@@ -1,6 +1,7 @@
 """Checks that need a CUDA GPU; prints one line each and exits 1 if one fails (2 without a GPU).
 
-    python benchmarks/cuda_checks.py
+    python benchmarks/cuda_checks.py            # all
+    python benchmarks/cuda_checks.py seq2seq    # only 3.
 
 1. CUDA graphs: greedy decoding with a StaticCache and implicit positions (hfpatch derives them from
    the mask) under ``torch.compile(mode="reduce-overhead")`` gives the same tokens as eager.
@@ -9,6 +10,11 @@
 2. No device sync: hfpatch's own work for a decode step (the patched forward in front of a no-op
    model, so transformers' own syncs do not count), under ``torch.cuda.set_sync_debug_mode("error")``,
    with a DynamicCache, a StaticCache with a full-length mask, and a passed ``cache_position``.
+3. Encoder-decoder decoders on the GPU (one per seq2seq family: a position table, a table past the
+   pad id, a T5 relative bias made per row, decoder position ids): a right-padded decoder prefix
+   continued by one token equals each row alone (fp32, TF32 off), and the decode step makes as many
+   device syncs with hfpatch as on stock (counted under ``set_sync_debug_mode("warn")``: the model's
+   own syncs count on both sides).
 """
 
 from __future__ import annotations
@@ -16,14 +22,15 @@ from __future__ import annotations
 import logging
 import sys
 import types
+import warnings
 
 import torch
 
 import hfpatch
 from hfpatch.forward import make_forward
 from hfpatch.plans import read_plan
-from hfpatch.tiny import FLAGSHIPS, VOCAB, tiny_model
-from hfpatch.verification import cache_name, new_static_cache
+from hfpatch.tiny import FLAGSHIPS, PAD, VOCAB, tiny_model, tiny_seq2seq
+from hfpatch.verification import TOLERANCE, cache_name, encoder_input, new_static_cache, output_cache
 
 
 def greedy(
@@ -123,7 +130,63 @@ def no_sync(arch: str) -> bool:
     return ok
 
 
-def main() -> int:
+def _syncs(call) -> tuple[object, int]:
+    """``call()``'s result and how many device syncs it made."""
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            result = call()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return result, sum("synchroniz" in str(w.message) for w in caught)
+
+
+def seq2seq_step(arch: str) -> bool:
+    """A right-padded decoder prefix (rows of 4 and 2 tokens) continued by one token, on the GPU."""
+    model = tiny_seq2seq(arch).cuda()
+    encoder = encoder_input(model, 2).cuda()
+    rows = [[11, 12, 13, 14, 15], [21, 22, 23]]
+    prefix = torch.tensor([rows[0][:4], rows[1][:2] + [PAD, PAD]], device="cuda")
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]], device="cuda")
+    step = torch.tensor([[rows[0][4]], [rows[1][2]]], device="cuda")
+    full = torch.cat([mask, torch.ones_like(step)], 1)
+    source = {model.main_input_name: encoder}
+
+    def continued() -> tuple[list[torch.Tensor], int]:
+        """Each row's real-token logits through the two cached calls, and the syncs of the second."""
+        with torch.no_grad():
+            first = model(**source, decoder_input_ids=prefix, decoder_attention_mask=mask)
+            cache = {cache_name(model): output_cache(first), "use_cache": True}
+            last, syncs = _syncs(
+                lambda: model(**source, decoder_input_ids=step, decoder_attention_mask=full, **cache)
+            )
+        logits = first.logits, last.logits
+        return [torch.cat([logits[0][0], logits[1][0]]), torch.cat([logits[0][1, :2], logits[1][1]])], syncs
+
+    with hfpatch.patched():
+        got, patched_syncs = continued()
+    with hfpatch.unpatched(), torch.no_grad():
+        _, stock_syncs = continued()
+        alone = [
+            model(**{model.main_input_name: encoder[r : r + 1]}, decoder_input_ids=prefix.new_tensor([row]))
+            .logits[0]
+            for r, row in enumerate(rows)
+        ]  # fmt: skip
+    diff = max((a - g).abs().max().item() for a, g in zip(alone, got))
+    print(
+        f"{arch}: right-padded decoder prefix + 1 token vs each row alone: {diff:.1e} "
+        f"({'exact' if diff <= TOLERANCE else 'WRONG'}); device syncs in the step: "
+        f"{patched_syncs} with hfpatch, {stock_syncs} on stock"
+    )
+    return diff <= TOLERANCE and patched_syncs <= stock_syncs
+
+
+def main(argv: list[str]) -> int:
+    if argv not in ([], ["seq2seq"]):
+        print("usage: python benchmarks/cuda_checks.py [seq2seq]")
+        return 2
     if not torch.cuda.is_available():
         print("no CUDA device: these checks need a GPU")
         return 2
@@ -134,11 +197,18 @@ def main() -> int:
     )
     hfpatch.apply()
     ok = True
-    for arch in (*FLAGSHIPS, "mistral"):  # mistral: a sliding window of 4 tokens (windows by position)
+    decoder_only = () if argv else (*FLAGSHIPS, "mistral")  # mistral: a window of 4 tokens (by position)
+    for arch in decoder_only:
         ok &= no_sync(arch)
         ok &= cuda_graphs(arch)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    _, control = _syncs(lambda: torch.ones(1, device="cuda").item())  # one sync: the count must see it
+    print(f"control: .item() makes {control} device sync(s) as counted here")
+    ok &= control >= 1
+    for arch in ("bart", "m2m_100", "t5", "whisper"):  # a table, past the pad id, relative bias, ids
+        ok &= seq2seq_step(arch)
     return 0 if ok else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
