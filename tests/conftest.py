@@ -90,17 +90,37 @@ def pytest_configure(config: pytest.Config) -> None:
         OUTSIDE_RANGES.append(True)
 
 
-def require_covered(arch: str) -> None:
-    """Skip unless ``arch`` is patched on this release. Under ``--outside-ranges`` (the release probe:
-    the evidence for the ranges), patch it anyway wherever the release ships its class."""
-    reason = arch_skip_reason(arch)
-    if reason is None:
+@pytest.fixture(autouse=True, scope="session")
+def _outside_ranges() -> Iterator[None]:
+    """Under ``--outside-ranges`` (the release probe: the evidence for the ranges), hfpatch patches every
+    covered class the release ships, in its declared range or not: ``apply()`` and ``verify()`` read
+    this support for the whole run."""
+    if not OUTSIDE_RANGES:
+        yield
         return
-    if not (OUTSIDE_RANGES and release_has(REGISTRY[arch])):
-        pytest.skip(reason)
+    declared = engine.support
+
+    def probed(adapter: Any, version: Any) -> Support:
+        verdict = declared(adapter, version)
+        if verdict.patchable or not release_has(adapter):
+            return verdict
+        return Support(TESTED, "probed outside its range")
+
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(engine, "support", lambda adapter, version: Support(TESTED, "probed outside its range"))
-        hfpatch.apply(arch)
+        patch.setattr(engine, "support", probed)
+        yield
+
+
+def probed_here(arch: str) -> bool:
+    """Whether ``arch`` runs patched in this test: in its range, or anywhere the release ships its class
+    under ``--outside-ranges``."""
+    return arch_skip_reason(arch) is None or bool(OUTSIDE_RANGES and release_has(REGISTRY[arch]))
+
+
+def require_covered(arch: str) -> None:
+    """Skip unless ``arch`` runs patched on this release (:func:`probed_here`)."""
+    if not probed_here(arch):
+        pytest.skip(arch_skip_reason(arch))
 
 
 @functools.cache

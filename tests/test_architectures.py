@@ -10,11 +10,10 @@ import pytest
 from packaging.version import Version
 
 import hfpatch
-from hfpatch import engine
-from hfpatch.support import NEWEST_TESTED, TESTED, Support, release_has
+from hfpatch.support import NEWEST_TESTED
 from hfpatch.tiny import tiny_model, tiny_seq2seq
 
-from conftest import REGISTRY, SEQ2SEQ_MODEL_TYPES, TF, arch_skip_reason
+from conftest import REGISTRY, SEQ2SEQ_MODEL_TYPES, TF, require_covered
 from harness import TOLERANCE, WRONG
 
 # the model types that run a patched class: each adapter's own and its aliases (exaone runs LlamaModel),
@@ -55,14 +54,8 @@ def _tiny(model_type: str, attention: str):
 
 @pytest.mark.parametrize("attention", ["eager", "sdpa"])
 @pytest.mark.parametrize("name, model_type", PARAMS)
-def test_verify_covered_architecture(name, model_type, attention, record_property, request, monkeypatch):
-    reason = arch_skip_reason(name)
-    if reason and request.config.getoption("--outside-ranges") and release_has(REGISTRY[name]):
-        monkeypatch.setattr(
-            engine, "support", lambda adapter, version: Support(TESTED, "probed outside its range")
-        )
-    elif reason:
-        pytest.skip(reason)
+def test_verify_covered_architecture(name, model_type, attention, record_property):
+    require_covered(name)
     alias_since = dict(REGISTRY[name].alias_since).get(model_type)
     if alias_since is not None and TF < Version(alias_since):
         pytest.skip(

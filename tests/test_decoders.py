@@ -16,7 +16,6 @@ import pytest
 import torch
 
 import hfpatch
-from hfpatch import engine
 from hfpatch.support import in_range, release_has
 from hfpatch.tiny import PAD, VOCAB, tiny_seq2seq
 
@@ -173,9 +172,7 @@ def test_decoder_rows_equal_themselves_alone(name, attention, scenario, record_p
 def test_bert_as_a_decoder_rows_equal_themselves_alone(scenario):
     """BERT as the decoder of an encoder-decoder model (BertLMHeadModel, patched by the 'bert' adapter):
     absolute positions, so stock is wrong in every scenario."""
-    reason = arch_skip_reason("bert")
-    if reason and not engine.support(REGISTRY["bert"], TF).patchable:
-        pytest.skip(reason)
+    require_covered("bert")
     if ("encoder-decoder", "eager") not in _models:
         try:
             _models["encoder-decoder", "eager"] = tiny_seq2seq("encoder-decoder", attention="eager")
