@@ -10,8 +10,8 @@ uses them, for the duration of the call:
    (:data:`HANDOFF`) and calls the original; the slot is restored when it returns or raises;
 2. the receiver class (``Adapter.receiver``) is patched with the adapter: its method looks at the
    slot, and where it holds positions for this very module (``module is self``; for the relative bias,
-   any layer of the call whose key length matches the mask), returns what it would return for them,
-   by its family's ``hands_to``:
+   any layer of the call with at least the mask's keys), returns what it would return for them, by its
+   family's ``hands_to``:
 
    - ``table``: the position table's rows ``weight[positions + offset]`` (BART's learned table with its
      offset of 2, Blenderbot's, Marian's and Pegasus's fixed sinusoids);
@@ -22,7 +22,8 @@ uses them, for the duration of the call:
      growth);
    - ``relative bias``: each row's bias from its own positions, ``bias(key position - query
      position)``, gathered from one call of the release's own ``compute_bias`` over every offset the
-     call can have (``1 x (2 * keys - 1)``), so that buckets and directions stay the release's.
+     call can have (``1 x (2 * keys - 1)``), so that buckets and directions stay the release's; a
+     static cache's columns past the mask (unwritten slots, masked by the model) count as padding.
 
 Elsewhere (no slot, another module, a shape that does not match), the original runs unchanged.
 Compile-safe: a thread-local read, an identity test and shapes; no ``.item()``, no branch on tensor
@@ -121,15 +122,17 @@ def _relative_bias(original: Callable) -> Callable:
         self: Any, query_length: Any, key_length: Any, device: Any = None, *args: Any, **kw: Any
     ) -> Any:
         pending = HANDOFF.pending
-        if pending is None or pending.module is not None or key_length != pending.mask.shape[1]:
+        if pending is None or pending.module is not None or key_length < pending.mask.shape[1]:
             return original(self, query_length, key_length, device, *args, **kw)
         keys = key_length
+        # a static cache holds more columns than a mask of past + new covers: its unwritten slots
+        mask = torch.nn.functional.pad(pending.mask, (0, keys - pending.mask.shape[1]))
         device = device if device is not None else self.relative_attention_bias.weight.device
         # one query at position keys - 1 against keys 0 .. 2 * keys - 2: the bias of every offset
         # -(keys - 1) .. keys - 1, by the release's own buckets
         at = keys - 1 if offset_name != "cache_position" else torch.full((1,), keys - 1, device=device)
         every = original(self, 1, 2 * keys - 1, device, **{offset_name: at})[0, :, 0]  # [heads, 2 * keys - 1]
-        columns = positions_from_mask(pending.mask).to(device)  # [batch, keys]
+        columns = positions_from_mask(mask).to(device)  # [batch, keys]
         queries = pending.positions.to(device)  # [batch, new]
         offsets = columns[:, None, :] - queries[:, :, None] + (keys - 1)  # [batch, new, keys]
         return every[:, offsets].permute(1, 0, 2, 3)  # [batch, heads, new, keys]

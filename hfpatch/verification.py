@@ -139,10 +139,12 @@ class Verification(NamedTuple):
     def __str__(self) -> str:
         lines = [f"{self.arch}: {self.verdict} (hfpatch state: {self.state})"]
         second = "hfpatch max|diff|" if self.patches else "positions by hand"
-        header = f"  {'scenario':44}  {'stock max|diff|':>16}  {second:>18}"
+        width = max([44, *(len(row.scenario) for row in self.rows)])
+        header = f"  {'scenario':{width}}  {'stock max|diff|':>16}  {second:>18}"
         lines += [header, "  " + "-" * (len(header) - 2)]
         for row in self.rows:
-            lines.append(f"  {row.scenario:44}  {row.stock:16.2e}  {row.patched:18.2e}  {row.error}".rstrip())
+            line = f"  {row.scenario:{width}}  {row.stock:16.2e}  {row.patched:18.2e}  {row.error}"
+            lines.append(line.rstrip())
         lines += [f"  note: {note}" for note in self.notes]
         lines.append(f"  exact = max|diff| <= {TOLERANCE:g} (fp32, vs each row run alone, unpadded)")
         return "\n".join(lines)
@@ -198,8 +200,8 @@ def verify(model: Union[str, os.PathLike, Any], static: bool = True) -> Verifica
     probes = _probes(model, adapter, static and adapter is not None, inputs)
     if seq2seq:
         probes += _encoder_probes(model, inputs, notes)
-        if static:
-            notes.append("an encoder-decoder model's StaticCache is not probed (dynamic caches only)")
+        if static and adapter is not None and not any(probe[2] is not None for probe in probes):
+            notes.append("the decoder takes no StaticCache here: not probed")
     rows = tuple(_run_scenario(model, adapter if patches else None, *probe) for probe in probes)
     if seq2seq and patches and not adapter.family.seq2seq:
         notes.append(f"the {adapter.arch!r} adapter patches the decoder ({adapter.cls}) only: the encoder's "
@@ -499,12 +501,14 @@ def _probes(model: Any, adapter: Optional[Adapter], static: bool, inputs: Inputs
     cached = _cache_inputs(model, inputs)
     name, inputs = (cache_name(model), cached) if cached is not None else (None, inputs)
     probes = [(prefix + s.name, s, None, None, inputs) for s in SCENARIOS if name is not None or not s.cached]
-    if seq2seq:  # a StaticCache per stack, windows and rope scaling of a decoder: not probed yet
-        return probes
-    if static and name is not None and _takes_static_cache(model):
+    if static and name is not None and _takes_static_cache(model, inputs):
         variable = SCENARIOS[2]
-        factory = lambda: new_static_cache(model, len(variable.lengths), STATIC_SLOTS)  # noqa: E731
-        probes.append((f"{variable.name}, StaticCache", variable, factory, STATIC_SLOTS, inputs))
+        factory = lambda: _static_cache(model, len(variable.lengths), STATIC_SLOTS)  # noqa: E731
+        # decoder-only: a mask of every slot (a compiled decode loop's); a decoder: of past + new (generate's)
+        width = None if seq2seq else STATIC_SLOTS
+        probes.append((f"{prefix}{variable.name}, StaticCache", variable, factory, width, inputs))
+    if seq2seq:  # windows and rope scaling of a decoder: not probed yet
+        return probes
     window = None
     if adapter is not None and positional(model, adapter.cls):
         window = smallest_window(model, adapter.cls)
@@ -718,17 +722,32 @@ def _cache_inputs(model: Any, inputs: Inputs = DECODER_ONLY) -> Optional[Inputs]
     return None
 
 
-def _takes_static_cache(model: Any) -> bool:
+def _static_cache(model: Any, batch: int, length: int) -> Any:
+    """A ``StaticCache``; for an encoder-decoder model, its decoder's self-attention cache inside an
+    ``EncoderDecoderCache`` (the cross-attention's grows), as ``generate(cache_implementation="static")``
+    makes it."""
+    import transformers
+
+    cache = new_static_cache(model, batch, length)
+    if _is_seq2seq(model):
+        return transformers.EncoderDecoderCache(cache, transformers.DynamicCache())
+    return cache
+
+
+def _takes_static_cache(model: Any, inputs: Inputs = DECODER_ONLY) -> bool:
     import transformers
 
     if not hasattr(transformers, "StaticCache") or attaches_static_caches(model):
         return False  # none before 4.38; 4.38-4.40 attach it to the layers instead
+    if _is_seq2seq(model) and not hasattr(transformers, "EncoderDecoderCache"):
+        return False
     try:
         with torch.no_grad():
             model(
-                input_ids=torch.tensor([[5, 6]]),
+                **{inputs.ids: inputs.tokens(torch.tensor([[5, 6]]))},
+                **inputs.row(0, 1),
                 use_cache=True,
-                **{cache_name(model): new_static_cache(model, 1, 8)},
+                **{cache_name(model): _static_cache(model, 1, 8)},
             )
         return True
     except Exception:  # noqa: BLE001 - the model's own cache type (recurrent state, old release): no static probe

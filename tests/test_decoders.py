@@ -20,7 +20,7 @@ from hfpatch.support import in_range, release_has
 from hfpatch.tiny import PAD, VOCAB, tiny_seq2seq
 
 from conftest import REGISTRY, SEQ2SEQ_MODEL_TYPES, TF, arch_skip_reason, require_covered, stock
-from harness import TOLERANCE, WRONG, cache_kwarg
+from harness import TOLERANCE, WRONG, cache_kwarg, static_cache
 
 SEQ2SEQ = [name for name, adapter in REGISTRY.items() if adapter.family.seq2seq]
 QUICK = {"bart", "m2m_100", "t5", "whisper"}  # one per family
@@ -107,12 +107,12 @@ def _alone(model: Any, encoder_row: torch.Tensor, row: list[int]) -> torch.Tenso
 
 
 def _padded(
-    model: Any, encoder: torch.Tensor, chunks: tuple, left: tuple, **flags: Any
+    model: Any, encoder: torch.Tensor, chunks: tuple, left: tuple, cache: Any = None, **flags: Any
 ) -> list[torch.Tensor]:
-    """Rows A and B as one padded decoder batch, split into cached calls; each row's real-token logits."""
+    """Rows A and B as one padded decoder batch, split into cached calls (the first given ``cache``, if
+    any); each row's real-token logits."""
     rows, done, columns = (A, B), [0, 0], [[], []]
     logits: list[list[torch.Tensor]] = [[], []]
-    cache = None
     for counts, lefts in zip(chunks, left):
         width, ids = max(counts), []
         real = []
@@ -133,15 +133,15 @@ def _padded(
             inputs[cache_kwarg(model)] = cache
         with torch.no_grad():
             out = model(**inputs)
-        cache = _cache_of(out)
+        cache = _cache_of(out) if _cache_of(out) is not None else cache
         for r in range(2):
             logits[r] += [_logits(model, out)[r, i] for i in real[r]]
     return [torch.stack(row) for row in logits]
 
 
-def _decoder_error(model: Any, chunks: tuple, left: tuple, **flags: Any) -> float:
+def _decoder_error(model: Any, chunks: tuple, left: tuple, cache: Any = None, **flags: Any) -> float:
     encoder = _encoder_input(model, 2)
-    got = _padded(model, encoder, chunks, left, **flags)
+    got = _padded(model, encoder, chunks, left, cache, **flags)
     return max((_alone(model, encoder[r], row) - got[r]).abs().max().item() for r, row in enumerate((A, B)))
 
 
@@ -166,6 +166,49 @@ def test_decoder_rows_equal_themselves_alone(name, attention, scenario, record_p
         assert on_stock > WRONG, (
             f"{name}, {scenario}: stock is right ({on_stock:.2g}): the declaration is stale"
         )
+
+
+def _static(model: Any) -> Any:
+    """What ``generate(cache_implementation="static")`` makes: the decoder's self-attention keys in a
+    StaticCache of 16 slots, the cross-attention's in a growing cache."""
+    import transformers
+
+    return transformers.EncoderDecoderCache(static_cache(model, 2, 16), transformers.DynamicCache())
+
+
+def _static_skip_reason(model: Any) -> str | None:
+    import transformers
+
+    if not hasattr(transformers, "EncoderDecoderCache") or not hasattr(transformers, "StaticCache"):
+        return f"no EncoderDecoderCache or StaticCache in transformers {TF}"
+    encoder = _encoder_input(model, 2)
+    try:
+        with stock(), torch.no_grad():
+            model(**{model.main_input_name: encoder}, decoder_input_ids=_ids(model, [A[:2], B[:2]]),
+                  **{cache_kwarg(model): _static(model)})  # fmt: skip
+    except Exception as exc:  # noqa: BLE001 - what stock transformers says is the fact to report
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return f"{type(model).__name__} takes no static decoder cache in transformers {TF}: {why}"[:300]
+    return None
+
+
+@pytest.mark.parametrize("name, attention", _params())
+def test_decoder_with_a_static_cache_rows_equal_themselves_alone(name, attention):
+    """A right-padded decoder prefix continued by two tokens, the decoder's keys in a StaticCache (more
+    slots than the mask of past + new covers: T5's relative bias spans them all)."""
+    model = _model(name, attention)
+    reason = _static_skip_reason(model)
+    if reason is not None:
+        pytest.skip(reason)
+    chunks, left = SCENARIOS["right-padded prefix + 2"]
+    flags = {"use_cache": True} if _channels(model) else {}
+    patched = _decoder_error(model, chunks, left, _static(model), **flags)
+    with stock():
+        on_stock = _decoder_error(model, chunks, left, _static(model), **flags)
+    assert patched <= TOLERANCE, (
+        f"{name} ({attention}), StaticCache: hfpatch {patched:.2g}, stock {on_stock:.2g}"
+    )
+    assert on_stock > WRONG, f"{name}, StaticCache: stock is right ({on_stock:.2g}): the entry is stale"
 
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
