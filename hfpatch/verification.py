@@ -739,13 +739,18 @@ def _takes_static_cache(model: Any, inputs: Inputs = DECODER_ONLY) -> bool:
 
     if not hasattr(transformers, "StaticCache") or attaches_static_caches(model):
         return False  # none before 4.38; 4.38-4.40 attach it to the layers instead
-    if _is_seq2seq(model) and not hasattr(transformers, "EncoderDecoderCache"):
+    seq2seq = _is_seq2seq(model)
+    if seq2seq and not hasattr(transformers, "EncoderDecoderCache"):
         return False
+    # a decoder's probe passes a padded mask of past + new: some releases' SDPA path takes none with a
+    # StaticCache (an all-ones mask is dropped before it counts)
+    mask = {inputs.mask: torch.tensor([[0, 1]])} if seq2seq else {}
     try:
         with torch.no_grad():
             model(
                 **{inputs.ids: inputs.tokens(torch.tensor([[5, 6]]))},
                 **inputs.row(0, 1),
+                **mask,
                 use_cache=True,
                 **{cache_name(model): _static_cache(model, 1, 8)},
             )
