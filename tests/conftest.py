@@ -90,11 +90,15 @@ def pytest_configure(config: pytest.Config) -> None:
         OUTSIDE_RANGES.append(True)
 
 
+_PROBING: set[str] = set()  # the adapters this test patches outside their ranges (require_covered)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _outside_ranges() -> Iterator[None]:
-    """Under ``--outside-ranges`` (the release probe: the evidence for the ranges), hfpatch patches every
-    covered class the release ships, in its declared range or not: ``apply()`` and ``verify()`` read
-    this support for the whole run."""
+    """Under ``--outside-ranges`` (the release probe: the evidence for the ranges), the adapter a test
+    asks for (:func:`require_covered`) is patched wherever the release ships its class, in its declared
+    range or not: ``apply()`` and ``verify()`` read this support while the test runs. One adapter at a
+    time, so that one that cannot install on a release fails its own tests only."""
     if not OUTSIDE_RANGES:
         yield
         return
@@ -102,13 +106,19 @@ def _outside_ranges() -> Iterator[None]:
 
     def probed(adapter: Any, version: Any) -> Support:
         verdict = declared(adapter, version)
-        if verdict.patchable or not release_has(adapter):
+        if verdict.patchable or adapter.arch not in _PROBING or not release_has(adapter):
             return verdict
         return Support(TESTED, "probed outside its range")
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(engine, "support", probed)
         yield
+
+
+@pytest.fixture(autouse=True)
+def _probing_ends() -> Iterator[None]:
+    yield
+    _PROBING.clear()
 
 
 def probed_here(arch: str) -> bool:
@@ -118,9 +128,13 @@ def probed_here(arch: str) -> bool:
 
 
 def require_covered(arch: str) -> None:
-    """Skip unless ``arch`` runs patched on this release (:func:`probed_here`)."""
+    """Skip unless ``arch`` runs patched on this release (:func:`probed_here`); outside its range, patch
+    it for this test."""
     if not probed_here(arch):
         pytest.skip(arch_skip_reason(arch))
+    if arch_skip_reason(arch) is not None:
+        _PROBING.add(arch)
+        hfpatch.apply(arch)
 
 
 @functools.cache
