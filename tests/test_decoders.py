@@ -196,7 +196,8 @@ def _static_skip_reason(model: Any) -> str | None:
 @pytest.mark.parametrize("name, attention", _params())
 def test_decoder_with_a_static_cache_rows_equal_themselves_alone(name, attention):
     """A right-padded decoder prefix continued by two tokens, the decoder's keys in a StaticCache (more
-    slots than the mask of past + new covers: T5's relative bias spans them all)."""
+    slots than the mask of past + new covers: T5's relative bias spans them all). Stock may also raise
+    there (MVP on 5.4-5.12 counts the past as a tensor and hands it to ``arange``): wrong too."""
     model = _model(name, attention)
     reason = _static_skip_reason(model)
     if reason is not None:
@@ -205,7 +206,10 @@ def test_decoder_with_a_static_cache_rows_equal_themselves_alone(name, attention
     flags = {"use_cache": True} if _channels(model) else {}
     patched = _decoder_error(model, chunks, left, _static(model), **flags)
     with stock():
-        on_stock = _decoder_error(model, chunks, left, _static(model), **flags)
+        try:
+            on_stock = _decoder_error(model, chunks, left, _static(model), **flags)
+        except (TypeError, RuntimeError):
+            on_stock = float("inf")
     assert patched <= TOLERANCE, (
         f"{name} ({attention}), StaticCache: hfpatch {patched:.2g}, stock {on_stock:.2g}"
     )
