@@ -85,12 +85,15 @@ def failure_kind(text: str) -> str:
     """Why a probe run failed, from its failure text: hfpatch patched the model and it is still wrong
     (a limit of that release); a scenario raises on stock transformers too (e.g. a cache the model
     makes itself, sized to the prompt); stock is right there already (nothing to patch); the release's
-    class is not the one hfpatch patches (its signature or its name); or the tiny model cannot be built
+    class is not the one hfpatch patches (its signature or its name: the patch raises where stock runs);
+    or the tiny model cannot be built
     or run there (nothing measured)."""
     if "signature mismatch" in text or "not found in this transformers release" in text:
         return CLASS_DIFFERS
-    if "WRONG with hfpatch" in text:  # hfpatch.verify's table
-        return STOCK_FAILS if "stock: " in text else WRONG
+    if "WRONG with hfpatch" in text:  # hfpatch.verify's table; a row's error names the side that raised
+        if "stock: " in text:
+            return STOCK_FAILS
+        return CLASS_DIFFERS if "hfpatch: " in text else WRONG  # the patch raises where stock runs
     if re.search(r": hfpatch \S+, stock \S+", text):  # the decoder and wrapper tests' message
         return WRONG
     if "stock is right" in text:

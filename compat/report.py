@@ -89,6 +89,7 @@ def read_junit(path: Path) -> list[tuple[str, str, str, str]]:
 PROBE_TESTS = (
     "test_verify_covered_architecture",
     "test_decoder_rows_equal_themselves_alone",
+    "test_decoder_with_a_static_cache_rows_equal_themselves_alone",
     "test_left_padded_encoder_equals_itself_alone",
     "test_padded_prefix_continued_equals_each_row_alone",
     "test_left_padded_prompt_equals_each_row_alone",
@@ -99,36 +100,43 @@ OUTCOME_ORDER = {"skip": 0, "pass": 1, "fail": 2}  # the cell of several tests: 
 
 
 def read_probe(path: Path) -> dict:
-    """{model type: {attention: {"outcome", "message", "stock", "hfpatch"}}} from a probe JUnit XML: the
-    tests of one model type and attention make one cell (the worst outcome; the largest differences)."""
+    """{model type: {attention: {test: {"outcome", "message", "kind"?, "stock"?, "hfpatch"?}}}} from a
+    probe JUnit XML: the tests of one model type and attention (one cell, :func:`fold`)."""
     result: dict = {}
     for case in ET.parse(path).getroot().iter("testcase"):
         match = PROBE_ID.match(case.get("name", ""))
         if match is None:
             continue
         model_type, attention = match["type"], match["attention"] or "eager"
-        outcome, message = "pass", ""
-        kind = None
+        entry = {"outcome": "pass", "message": ""}
         for child in case:
             if child.tag in ("failure", "error"):
-                outcome, message = "fail", (child.get("message") or "")[:300]
-                kind = failure_kind(f"{child.get('message') or ''}\n{child.text or ''}")
-            elif child.tag == "skipped" and outcome != "fail":
-                outcome, message = "skip", _clean(child.get("message", ""))
-        entry = {"outcome": outcome, "message": message}
-        if kind is not None:
-            entry["kind"] = kind
+                entry.update(outcome="fail", message=(child.get("message") or "")[:300])
+                entry["kind"] = failure_kind(f"{child.get('message') or ''}\n{child.text or ''}")
+            elif child.tag == "skipped" and entry["outcome"] != "fail":
+                entry.update(outcome="skip", message=_clean(child.get("message", "")))
         entry.update((p.get("name"), float(p.get("value"))) for p in case.iter("property"))
-        found = result.setdefault(model_type, {}).get(attention)
-        if found is not None:
-            if OUTCOME_ORDER[found["outcome"]] > OUTCOME_ORDER[outcome]:
-                entry.update(outcome=found["outcome"], message=found["message"])
-                entry.update({"kind": found["kind"]} if "kind" in found else {})
-            for name in ("stock", "hfpatch"):
-                if name in found:
-                    entry[name] = max(found[name], entry.get(name, found[name]))
-        result[model_type][attention] = entry
+        test = f"{case.get('classname')}::{case.get('name')}"
+        result.setdefault(model_type, {}).setdefault(attention, {})[test] = entry
     return result
+
+
+def fold(tests: dict) -> dict:
+    """One cell from its tests, in order: the worst outcome (any fail, else any pass, else the first
+    skip) with its message and kind; the largest differences."""
+    cell: dict = {}
+    for entry in tests.values():
+        if not cell:
+            cell = dict(entry)
+            continue
+        if OUTCOME_ORDER[entry["outcome"]] > OUTCOME_ORDER[cell["outcome"]]:
+            cell.update(outcome=entry["outcome"], message=entry["message"])
+            cell.pop("kind", None)
+            cell.update({"kind": entry["kind"]} if "kind" in entry else {})
+        for name in ("stock", "hfpatch"):
+            if name in entry:
+                cell[name] = max(entry[name], cell.get(name, entry[name]))
+    return cell
 
 
 def cells(cases: list[tuple[str, str, str, str]]) -> dict:
@@ -175,14 +183,22 @@ def build() -> dict:
         folder = HERE / "results" / "probe"
         # the full suite, which runs the probe too inside the declared ranges, then the probe run (every
         # release and model type, --outside-ranges), then partial re-runs of it (RELEASE.TAG.xml): a later
-        # source replaces an earlier one's results, cell by cell, except with a skip
+        # source replaces an earlier one's result of the same test, except with a skip; each cell is
+        # then the fold of its tests
         sources = [junit, folder / f"{release}.xml", *sorted(folder.glob(f"{release}.*.xml"))]
+        tests: dict = {}
         for source in (path for path in sources if path.exists()):
             for model_type, runs in read_probe(source).items():
-                for attention, run in runs.items():
-                    found = entry.setdefault("probe", {}).setdefault(model_type, {})
-                    if attention not in found or run["outcome"] != "skip":
-                        found[attention] = run
+                for attention, found in runs.items():
+                    merged = tests.setdefault(model_type, {}).setdefault(attention, {})
+                    for test, run in found.items():
+                        if test not in merged or run["outcome"] != "skip":
+                            merged[test] = run
+        if tests:
+            entry["probe"] = {
+                model_type: {attention: fold(found) for attention, found in runs.items()}
+                for model_type, runs in tests.items()
+            }
         summary[release] = entry
     return summary
 
