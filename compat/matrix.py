@@ -86,8 +86,7 @@ def failure_kind(text: str) -> str:
     (a limit of that release); a scenario raises on stock transformers too (e.g. a cache the model
     makes itself, sized to the prompt); stock is right there already (nothing to patch); the release's
     class is not the one hfpatch patches (its signature or its name: the patch raises where stock runs);
-    or the tiny model cannot be built
-    or run there (nothing measured)."""
+    or the tiny model cannot be built or run there (nothing measured)."""
     if "signature mismatch" in text or "not found in this transformers release" in text:
         return CLASS_DIFFERS
     if "WRONG with hfpatch" in text:  # hfpatch.verify's table; a row's error names the side that raised
