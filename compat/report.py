@@ -139,6 +139,24 @@ def fold(tests: dict) -> dict:
     return cell
 
 
+def merge_probes(sources: list[Path]) -> dict:
+    """{model type: {attention: cell}} from probe JUnit XMLs in order: a later source's result of a test
+    replaces an earlier one's (a skip replaces nothing); each cell is then the :func:`fold` of its tests,
+    so a partial re-run of some tests leaves the others' results standing."""
+    tests: dict = {}
+    for source in sources:
+        for model_type, runs in read_probe(source).items():
+            for attention, found in runs.items():
+                merged = tests.setdefault(model_type, {}).setdefault(attention, {})
+                for test, run in found.items():
+                    if test not in merged or run["outcome"] != "skip":
+                        merged[test] = run
+    return {
+        model_type: {attention: fold(found) for attention, found in runs.items()}
+        for model_type, runs in tests.items()
+    }
+
+
 def cells(cases: list[tuple[str, str, str, str]]) -> dict:
     """{arch or "any": {invariant: (state, reason)}}."""
     grouped: dict = {}
@@ -182,23 +200,11 @@ def build() -> dict:
             entry["cases"] = json.loads(counts.read_text())
         folder = HERE / "results" / "probe"
         # the full suite, which runs the probe too inside the declared ranges, then the probe run (every
-        # release and model type, --outside-ranges), then partial re-runs of it (RELEASE.TAG.xml): a later
-        # source replaces an earlier one's result of the same test, except with a skip; each cell is
-        # then the fold of its tests
+        # release and model type, --outside-ranges), then partial re-runs of it (RELEASE.TAG.xml)
         sources = [junit, folder / f"{release}.xml", *sorted(folder.glob(f"{release}.*.xml"))]
-        tests: dict = {}
-        for source in (path for path in sources if path.exists()):
-            for model_type, runs in read_probe(source).items():
-                for attention, found in runs.items():
-                    merged = tests.setdefault(model_type, {}).setdefault(attention, {})
-                    for test, run in found.items():
-                        if test not in merged or run["outcome"] != "skip":
-                            merged[test] = run
-        if tests:
-            entry["probe"] = {
-                model_type: {attention: fold(found) for attention, found in runs.items()}
-                for model_type, runs in tests.items()
-            }
+        probe = merge_probes([path for path in sources if path.exists()])
+        if probe:
+            entry["probe"] = probe
         summary[release] = entry
     return summary
 

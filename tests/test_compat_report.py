@@ -105,3 +105,38 @@ def test_probed_range_matches_the_report(name, model_type):
                 )
         elif level == TESTED and (alias_since is None or Version(release) >= Version(alias_since)):
             assert verdict in ("pass", "absent"), f"{model_type} is tested on {release}; the probe: {verdict}"
+
+
+def _junit(path: Path, cases: dict[str, str]) -> Path:
+    """A JUnit XML of probe tests: {test name: "pass" | "fail: MESSAGE" | "skip: MESSAGE"}."""
+    body = []
+    for name, outcome in cases.items():
+        kind, _, message = outcome.partition(": ")
+        tag = {"pass": "", "fail": "failure", "skip": "skipped"}[kind]
+        inner = f'<{tag} message="{message}" />' if tag else ""
+        body.append(f'<testcase classname="tests.test_decoders" name="{name}">{inner}</testcase>')
+    path.write_text(f"<testsuites><testsuite>{''.join(body)}</testsuite></testsuites>")
+    return path
+
+
+def test_a_partial_re_run_replaces_only_the_tests_it_ran(tmp_path):
+    """The report's merge of probe runs (compat/report.py): a later run's result of a test replaces the
+    earlier one's, a skip replaces nothing, and a cell is the worst of its tests, so a re-run of one
+    test cannot hide another's failure."""
+    from report import merge_probes
+
+    static = "test_decoder_with_a_static_cache_rows_equal_themselves_alone"
+    full = _junit(tmp_path / "full.xml", {
+        "test_decoder_rows_equal_themselves_alone[t5-eager-right-padded prefix + 1]": "fail: ValueError: x",
+        f"{static}[t5-eager]": "fail: AssertionError: t5 (eager), StaticCache: hfpatch 0.12, stock 0.12",
+        f"{static}[bart-eager]": "fail: AssertionError: bart (eager), StaticCache: hfpatch 1, stock 2",
+    })  # fmt: skip
+    partial = _junit(tmp_path / "partial.xml", {
+        f"{static}[t5-eager]": "pass",
+        f"{static}[bart-eager]": "skip: not run here",
+    })  # fmt: skip
+    cells = merge_probes([full, partial])
+    assert cells["t5"]["eager"]["outcome"] == "fail"  # the scenario test's failure stands
+    assert cells["t5"]["eager"]["message"].startswith("ValueError")
+    assert cells["bart"]["eager"]["outcome"] == "fail"  # a skip replaces nothing
+    assert merge_probes([partial])["t5"]["eager"]["outcome"] == "pass"
