@@ -29,7 +29,7 @@ import hfpatch
 from hfpatch.forward import make_forward
 from hfpatch.plans import SLOTS, read_plan
 from hfpatch.positions import positions_from_mask
-from hfpatch.tiny import tiny_model
+from hfpatch.tiny import tiny_model, tiny_seq2seq
 from hfpatch.verification import cache_name, new_static_cache, output_cache
 
 REPEATS = 101
@@ -228,6 +228,72 @@ def _decode_row(model: Any, arch: str, batch: int, prompt: int, kind: str, contr
     return (
         f"| {arch} | {kind} | {batch} x 1 (after {prompt}) | {ms_a:.3f} | {ms_b:.3f} | **{ratio:.3f}** "
         f"({low:.2f}-{high:.2f}) | {hot:.0f} | {us:.0f} ({100 * us / (ms_b * 1000):.1f} %) | {op_us:.0f} |"
+    )
+
+
+SEQ2SEQ_SMALL = {
+    "vocab_size": 1000, "d_model": 256, "encoder_layers": 4, "decoder_layers": 4, "num_layers": 4,
+    "num_decoder_layers": 4, "encoder_attention_heads": 4, "decoder_attention_heads": 4, "num_heads": 4,
+    "encoder_ffn_dim": 688, "decoder_ffn_dim": 688, "d_ff": 688, "d_kv": 64, "max_position_embeddings": 1024,
+}  # fmt: skip
+
+
+def seq2seq_decode_steps(batch: int, source: int, prompt: int) -> list[str]:
+    """One decoder step of an encoder-decoder model (one new token after ``prompt`` cached ones, a
+    right-padded decoder prefix, mask of past + new, the encoder's output passed): hfpatch vs stock
+    (``hfpatch.unpatched()``, the same model), interleaved on one cache cropped back after each call.
+    BART: positions handed to its table; T5: the relative bias made per row (one ``compute_bias`` over
+    every offset, then a gather per row). Stock gives wrong logits here; the row compares cost only."""
+    rows = []
+    for arch in ("bart", "t5"):
+        model = tiny_seq2seq(arch, **SEQ2SEQ_SMALL)
+        rows.append(_seq2seq_row(model, arch, batch, source, prompt))
+    rows.append(_seq2seq_row(model, "t5", batch, source, prompt, control=True))
+    return rows
+
+
+def _seq2seq_row(model: Any, arch: str, batch: int, source: int, prompt: int, control: bool = False) -> str:
+    generator = torch.Generator().manual_seed(0)
+    source_ids = torch.randint(3, 1000, (batch, source), generator=generator)
+    ids, mask = padded_batch(batch, prompt)
+    mask = mask.flip(-1)  # right padding: the pads are holes before the new token
+    name = cache_name(model)
+    with torch.no_grad():
+        encoded = model.get_encoder()(input_ids=source_ids)
+        out = model(
+            encoder_outputs=encoded, decoder_input_ids=ids, decoder_attention_mask=mask, use_cache=True
+        )
+    cache = output_cache(out)
+    kwargs = {
+        "encoder_outputs": encoded,
+        "decoder_input_ids": torch.ones(batch, 1, dtype=torch.long),
+        "decoder_attention_mask": torch.cat([mask, mask.new_ones(batch, 1)], 1),
+        "use_cache": True,
+        name: cache,
+    }
+    contexts = (
+        (hfpatch.unpatched, hfpatch.unpatched) if control else (contextlib.nullcontext, hfpatch.unpatched)
+    )
+    times: list = [[], []]
+    ratios = []
+    for i in range(DECODE_STEPS + 3):
+        pair = [0.0, 0.0]
+        for side in (0, 1) if i % 2 == 0 else (1, 0):
+            with torch.no_grad(), contexts[side]():
+                start = time.perf_counter()
+                model(**kwargs)
+                pair[side] = time.perf_counter() - start
+            cache.crop(-1)  # outside the timing: the same step again
+        if i >= 3:  # warm-up
+            times[0].append(pair[0])
+            times[1].append(pair[1])
+            ratios.append(pair[0] / pair[1])
+    ms_a, ms_b = statistics.median(times[0]) * 1e3, statistics.median(times[1]) * 1e3
+    low, _, high = statistics.quantiles(ratios, n=4)
+    label = f"{arch} (A/A: stock vs stock)" if control else arch
+    return (
+        f"| {label} | {batch} x 1 (after {prompt}; source {source}) | {ms_a:.3f} | {ms_b:.3f} "
+        f"| **{statistics.median(ratios):.3f}** ({low:.2f}-{high:.2f}) |"
     )
 
 
@@ -524,6 +590,21 @@ def sections() -> dict[str, tuple[list[str], Callable[[], list[str]]]]:
                 "|---|---|---|---|---|---|---|---|---|",
             ],
             lambda: eager_decode_steps(128),
+        ),
+        "## Encoder-decoder decode step: hfpatch vs stock": (
+            [
+                "4 encoder and 4 decoder layers, d_model 256, eager, one thread; batch 8, a right-padded",
+                "decoder prefix of 128 tokens, then one new token a call (mask of past + new), the encoder's",
+                "output (64 source tokens) passed. hfpatch derives the positions (BART: handed to its table;",
+                "T5: the relative bias made per row); stock is the same model under `hfpatch.unpatched()`",
+                f"(wrong logits, same shapes). {DECODE_STEPS} steps a row, interleaved, on one cache cropped back",
+                "after each call (outside the timing); the ratio is the median of the per-step ratios (their",
+                "interquartile range in brackets); the A/A row runs stock on both sides.",
+                "",
+                "| model | batch x tokens | hfpatch (ms) | stock (ms) | ratio |",
+                "|---|---|---|---|---|",
+            ],
+            lambda: seq2seq_decode_steps(8, 64, 128),
         ),
         "## StaticCache decode step on 4.38-5.3: hfpatch's slot count vs explicit inputs, short and long caches": (
             [
