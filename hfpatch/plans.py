@@ -88,9 +88,9 @@ def read_plan(adapter: Any, forward: Callable, owner: Optional[type] = None) -> 
         old_cache_kw=_renamed_from(forward, cache_kw),
         attached_cache=attached,
         eager_mask_attr=eager_mask[1] if in_era else None,
-        # a seq2seq decoder's window stays transformers' (its masks merge self and cross attention), and
-        # a multimodal wrapper's (it builds the masks, or its text model does from the 2-D mask)
-        window=None if owner is None or family.seq2seq or family.multimodal else window_plan(owner),
+        # a multimodal wrapper's window stays transformers' (it builds the masks, or its text model does
+        # from the 2-D mask), and so do those of seq2seq stacks that take no positions (none has one)
+        window=None if owner is None or family.multimodal or family.hands_to else window_plan(owner),
         ids_rank=family.ids_rank,
     )
 

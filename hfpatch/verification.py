@@ -193,7 +193,8 @@ def verify(model: Union[str, os.PathLike, Any], static: bool = True) -> Verifica
     attention = TINY_ATTENTION.get(model_type)
     if built and attention is not None:
         notes.append(f"built tiny with {attention} attention")
-    notes += _limits(model, adapter, probed=not seq2seq)
+    probed = not seq2seq or _decoder_takes_positions(adapter)
+    notes += _limits(model, adapter, probed=probed, rope=not seq2seq)
     if entry is not None and entry.reason and entry.state != engine.APPLIED:
         notes.append(entry.reason)
     patches = adapter is not None and entry is not None and entry.support in ("tested", "untested newer")
@@ -362,9 +363,9 @@ def _adapter_of_class(model: Any) -> Optional[Adapter]:
     return None
 
 
-def _limits(model: Any, adapter: Optional[Adapter], probed: bool = True) -> list[str]:
-    """The adapter's declared limits, and (``probed``: a decoder-only model, whose windows and rope
-    scaling the scenarios reach) what its config sets that the scenarios do not probe."""
+def _limits(model: Any, adapter: Optional[Adapter], probed: bool = True, rope: bool = True) -> list[str]:
+    """The adapter's declared limits, and (``probed``: a model whose windows the scenarios reach; ``rope``:
+    and its rope scaling, a decoder-only model's) what its config sets that the scenarios do not probe."""
     notes = list(adapter.limits) if adapter is not None else []
     if not probed:
         return notes
@@ -377,6 +378,8 @@ def _limits(model: Any, adapter: Optional[Adapter], probed: bool = True) -> list
                          "cached prefix inside the window stays wrong")  # fmt: skip
     elif window and window > MAX_WINDOW_PROBE:
         notes.append(f"sliding window / chunked attention ({window} tokens): not probed here")
+    if not rope:
+        return notes
     scaled = scaled_rope(model)
     if scaled is not None:
         kind, threshold = scaled
@@ -440,6 +443,12 @@ ENCODER_ROWS = 3  # encoder inputs built per row: enough for every scenario
 ENCODER_SCENARIO = Scenario(
     "encoder: left padding, one call", (5, 3), ((5, 3),), ((True, True),), cached=False, holes=False
 )
+
+
+def _decoder_takes_positions(adapter: Optional[Adapter]) -> bool:
+    """A seq2seq decoder whose forward takes ``position_ids`` (T5Gemma ...): its windows are hfpatch's to
+    decide, as a decoder-only model's (the others have none)."""
+    return adapter is not None and adapter.family.seq2seq and adapter.family.hands_to is None
 
 
 def _is_seq2seq(model: Any) -> bool:
@@ -507,16 +516,16 @@ def _probes(model: Any, adapter: Optional[Adapter], static: bool, inputs: Inputs
         # decoder-only: a mask of every slot (a compiled decode loop's); a decoder: of past + new (generate's)
         width = None if seq2seq else STATIC_SLOTS
         probes.append((f"{prefix}{variable.name}, StaticCache", variable, factory, width, inputs))
-    if seq2seq:  # windows and rope scaling of a decoder: not probed yet
-        return probes
     window = None
     if adapter is not None and positional(model, adapter.cls):
         window = smallest_window(model, adapter.cls)
     if name is not None and window is not None and window <= MAX_WINDOW_PROBE:  # holes inside a window
         lengths = (window + 6, window + 3)
-        beyond = Scenario(f"right-padded prefix past the window ({window}) + 2", lengths,
+        beyond = Scenario(f"{prefix}right-padded prefix past the window ({window}) + 2", lengths,
                           ((window + 4, window + 1), (2, 2)), ((False, False), (True, False)))  # fmt: skip
         probes.append((beyond.name, beyond, None, None, inputs))
+    if seq2seq:  # rope scaling of a decoder: not probed yet
+        return probes
     scaled = scaled_rope(model)
     if scaled is not None and scaled[1] <= MAX_ROPE_PROBE:  # a short row batched with one past the context
         kind, threshold = scaled

@@ -20,7 +20,9 @@ sliding layers of such a call (the memory of a model without a window), and a ma
 
 from __future__ import annotations
 
+import ast
 import inspect
+import textwrap
 from typing import Any, NamedTuple, Optional, Union
 
 import torch
@@ -44,6 +46,8 @@ class WindowPlan(NamedTuple):
     float_masks: bool  # before masking_utils (< 4.53) every 4-D mask a model takes is additive float
     switch_ignored: bool = False  # its mask applies ``config.sliding_window`` whatever ``use_sliding_window``
     # says (Qwen2 4.49-4.51, Qwen3 4.51: a window the config switches off is applied all the same)
+    decoder_cache: bool = False  # an encoder-decoder model's decoder (T5Gemma): its cache is an
+    # ``EncoderDecoderCache``, whose self-attention cache holds the windowed layers
 
 
 def window_plan(owner: type) -> Optional[WindowPlan]:
@@ -58,16 +62,38 @@ def window_plan(owner: type) -> Optional[WindowPlan]:
         builder_source = inspect.getsource(builder) if builder is not None else ""  # the 4-D mask it builds
     except (OSError, TypeError):
         return None
-    takes_dict = "causal_mask_mapping := attention_mask, dict" in source  # 4.53+: masks per layer type
+    # 4.53+: masks per layer type (a seq2seq decoder's: ``self_attn_mask_mapping``)
+    takes_dict = "mask_mapping := attention_mask, dict" in source
     masking_utils = takes_dict or any(
         name in source for name in ("create_sliding_window_causal_mask", "create_chunked_causal_mask")
     )
     if not (masking_utils or "sliding_window" in update_source):
         return None
+    if takes_dict and _dict_skips_a_name(source):
+        return None  # the forward cannot take the masks as a dict: its windows stay transformers'
     getter = getattr(cache_utils.Cache, "get_mask_sizes", None)
     by_slots = getter is not None and "cache_position" in inspect.signature(getter).parameters
     ignored = not masking_utils and "use_sliding_window" not in update_source + builder_source
-    return WindowPlan(takes_dict, by_slots, not masking_utils, ignored)
+    return WindowPlan(takes_dict, by_slots, not masking_utils, ignored, "EncoderDecoderCache(" in source)
+
+
+def _dict_skips_a_name(source: str) -> bool:
+    """Whether a forward that builds its masks unless given a ``{layer_type: mask}`` dict reads, outside
+    that block, a name only the block assigns: given the dict, it would raise (T5Gemma 2's decoder on
+    5.4-5.x defines a mask function there and uses it for the cross-attention mask)."""
+    forward = ast.parse(textwrap.dedent(source)).body[0]
+
+    def names(nodes: Any, context: type) -> set[str]:
+        return {node.id for node in nodes if isinstance(node, ast.Name) and isinstance(node.ctx, context)}
+
+    for block in ast.walk(forward):
+        if isinstance(block, ast.If) and "mask_mapping := attention_mask" in ast.unparse(block.test):
+            inner = list(ast.walk(block))
+            mine = {id(node) for node in inner}
+            outer = [node for node in ast.walk(forward) if id(node) not in mine]
+            only_here = names(inner, ast.Store) - names(ast.walk(block.test), ast.Store)
+            return bool((only_here - names(outer, ast.Store)) & names(outer, ast.Load))
+    return False
 
 
 def apply_windows(
@@ -82,19 +108,25 @@ def apply_windows(
         return
     types = _layer_types(config, window)
     windows = {kind: _window_of(config, kind) for kind in dict.fromkeys(types)}
+    if window.decoder_cache:  # T5Gemma 2 merges each kind with the cross mask, whichever its layers use
+        windows.setdefault(FULL, None)
     sizes = [size for size in windows.values() if size is not None]
     if not sizes or not set(windows) <= set(KNOWN_TYPES) or (len(windows) > 1 and not window.takes_mask_dict):
         return  # no window, a layer type this does not know (linear, hybrid ...): left to stock
-    if cache is None and cache_kw is not None and kwargs.get("use_cache", getattr(config, "use_cache", True)):
-        cache = _new_cache(model.config)
+    wants_cache = kwargs.get("use_cache")  # None (a seq2seq model passes its own on): the config says
+    if wants_cache is None:
+        wants_cache = getattr(config, "use_cache", True)
+    if cache is None and cache_kw is not None and wants_cache:
+        cache = _new_cache(model.config, window.decoder_cache)
         if cache is not None:
             kwargs[cache_kw] = cache
+    cache = getattr(cache, "self_attention_cache", cache)  # a decoder's: the windowed layers are there
     if cache is not None and not caches.keep_whole_window(cache):
         return  # a cache whose sliding layers this cannot keep whole (4.45-4.53 fixed-size ones): stock
     if mask.shape[1] <= min(window or chunk for window, chunk in sizes):
         return  # every key is inside every window, by column and by position alike: stock's masks are right
     slots = start if isinstance(start, torch.Tensor) else cache_positions(num_new, start, mask.device)
-    first = {kind: types.index(kind) for kind in windows}
+    first = {kind: types.index(kind) if kind in types else 0 for kind in windows}  # (a kind no layer uses)
     masks = {}
     for kind, size in windows.items():
         kv_length, kv_offset = _mask_sizes(window, cache, first[kind], slots, mask.shape[1] - num_new)
@@ -148,8 +180,14 @@ def _owner(model: Any, cls: str) -> Optional[type]:
 
 
 def _text_config(model: Any) -> Any:
+    """The config of the decoder's layers: a multimodal model's text config, an encoder-decoder model's
+    decoder config (4.53-4.56's ``get_text_config`` returns T5Gemma's whole config: its ``decoder``)."""
     get = getattr(model.config, "get_text_config", None)
-    return get(decoder=True) if get is not None else model.config
+    config = get(decoder=True) if get is not None else model.config
+    decoder = getattr(model.config, "decoder", None)
+    if not hasattr(config, "num_hidden_layers") and hasattr(decoder, "num_hidden_layers"):
+        return decoder
+    return config
 
 
 def _layer_types(config: Any, plan: Optional[WindowPlan] = None) -> list[str]:
@@ -200,10 +238,14 @@ def _as_model_takes(
     return allowed
 
 
-def _new_cache(config: Any) -> Any:
+def _new_cache(config: Any, decoder: bool = False) -> Any:
     """The cache the model would create itself (``DynamicCache(config=...)``, 4.56+: the releases whose
-    growing cache has sliding layers), or None where the model's own keeps every column anyway."""
-    return cache_utils.DynamicCache(config=config) if _CACHE_TAKES_CONFIG else None
+    growing cache has sliding layers; a decoder's inside an ``EncoderDecoderCache``), or None where the
+    model's own keeps every column anyway."""
+    if not _CACHE_TAKES_CONFIG:
+        return None
+    cache = cache_utils.DynamicCache(config=config)
+    return cache_utils.EncoderDecoderCache(cache, cache_utils.DynamicCache()) if decoder else cache
 
 
 _CACHE_TAKES_CONFIG = (

@@ -9,7 +9,9 @@ one call, no mask.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,6 +20,7 @@ import torch
 import hfpatch
 from hfpatch.support import in_range, release_has
 from hfpatch.tiny import PAD, VOCAB, tiny_seq2seq
+from hfpatch.windows import positional
 
 from conftest import REGISTRY, SEQ2SEQ_MODEL_TYPES, TF, arch_skip_reason, require_covered, reverted, stock
 from harness import TOLERANCE, WRONG, cache_kwarg, static_cache
@@ -264,6 +267,58 @@ def test_left_padded_encoder_equals_itself_alone(name, record_property):
     assert patched <= TOLERANCE, f"{name}: hfpatch {patched:.2g}, stock {on_stock:.2g}"
     if REGISTRY[name].also:  # absolute positions: the encoder is wrong on stock
         assert on_stock > WRONG, f"{name}: stock is right ({on_stock:.2g}): the declaration is stale"
+
+
+WINDOWED = ["t5gemma", "t5gemma2"]  # decoders with sliding-window layers
+
+
+@contextlib.contextmanager
+def _window(model: Any, size: int) -> Iterator[None]:
+    """Every sliding window of ``model`` set to ``size`` on its configs (its masks and caches read them at
+    call time), for the block."""
+    configs = [getattr(module, "config", None) for module in model.modules()]
+    configs = [config for config in configs if getattr(config, "sliding_window", None)]
+    saved = [config.sliding_window for config in configs]
+    for config in configs:
+        config.sliding_window = size
+    try:
+        yield
+    finally:
+        for config, window in zip(configs, saved):
+            config.sliding_window = window
+
+
+def _past_the_window_error(model: Any, rows: tuple) -> float:
+    """Rows of 11 and 5 tokens: a right-padded prefix of 10 and 4 continued by one token each."""
+    encoder = _encoder_input(model, 2)
+    prefix = torch.tensor([rows[0][:10], rows[1][:4] + [PAD] * 6])
+    mask = torch.tensor([[1] * 10, [1] * 4 + [0] * 6])
+    with torch.no_grad():
+        first = model(input_ids=encoder, decoder_input_ids=prefix, decoder_attention_mask=mask)
+        second = model(
+            input_ids=encoder, decoder_input_ids=torch.tensor([[rows[0][10]], [rows[1][4]]]),
+            decoder_attention_mask=torch.cat([mask, torch.ones(2, 1, dtype=mask.dtype)], 1),
+            **{cache_kwarg(model): _cache_of(first)},
+        )  # fmt: skip
+    got = [torch.cat([first.logits[0], second.logits[0]]), torch.cat([first.logits[1, :4], second.logits[1]])]
+    return max((_alone(model, encoder[r], row) - got[r]).abs().max().item() for r, row in enumerate(rows))
+
+
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+@pytest.mark.parametrize("name", WINDOWED)
+def test_decoder_window_is_decided_by_position(name, attention):
+    """A decoder with a sliding window of 4: by cache column the short row's window holds its pads, so
+    stock is wrong past the window; hfpatch decides it by position."""
+    model = _model(name, attention)
+    if not positional(model, REGISTRY[name].cls):
+        pytest.skip(f"{name}'s decoder in transformers {TF} cannot take window masks: left to transformers")
+    rows = (list(range(11, 22)), list(range(31, 36)))
+    with _window(model, 4):
+        patched = _past_the_window_error(model, rows)
+        with stock():
+            on_stock = _past_the_window_error(model, rows)
+    assert patched <= TOLERANCE, f"{name} ({attention}): hfpatch {patched:.2g}, stock {on_stock:.2g}"
+    assert on_stock > WRONG, f"{name}: stock is right ({on_stock:.2g}): the test misses the window"
 
 
 def test_explicit_decoder_inputs_are_untouched():

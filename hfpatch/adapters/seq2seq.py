@@ -36,10 +36,6 @@ POSITION_IDS_MERGED = Family(
 POSITION_IDS_CODES = Family(
     "rotary decoder, audio codes", left_padding_wrong_on_stock=False, seq2seq=True, ids_rank=3
 )
-COLUMN_WINDOW = (
-    "sliding window: decided by cache column (transformers'), so a hole from a padded cached prefix inside "
-    "the window stays wrong; prefixes shorter than the window are exact"
-)
 POSITION_TABLE = Family(
     "position table",
     left_padding_wrong_on_stock=True,
@@ -119,8 +115,8 @@ ADAPTERS = register_all(
     _t5_like("switch_transformers", "SwitchTransformers", since="4.46"),
     _t5_like("pop2piano", "Pop2Piano", since="4.46"),
     Adapter("whisper", "WhisperDecoder", POSITION_IDS_ABSOLUTE, "4.39"),
-    Adapter("t5gemma", "T5GemmaDecoder", POSITION_IDS_ROTARY, "4.53", limits=(COLUMN_WINDOW,)),
-    Adapter("t5gemma2", "T5Gemma2Decoder", POSITION_IDS_MERGED, "5.0", limits=(COLUMN_WINDOW,)),
+    Adapter("t5gemma", "T5GemmaDecoder", POSITION_IDS_ROTARY, "4.53"),
+    Adapter("t5gemma2", "T5Gemma2Decoder", POSITION_IDS_MERGED, "5.0"),
     Adapter("canary", "CanaryDecoder", POSITION_IDS_ABSOLUTE, "5.17"),
     Adapter("cohere_asr", "CohereAsrDecoder", POSITION_IDS_ABSOLUTE, "5.13"),
     Adapter("moonshine", "MoonshineDecoder", POSITION_IDS_ROTARY, "4.48"),
