@@ -90,6 +90,7 @@ PROBE_TESTS = (
     "test_verify_covered_architecture",
     "test_decoder_rows_equal_themselves_alone",
     "test_decoder_with_a_static_cache_rows_equal_themselves_alone",
+    "test_decoder_window_is_decided_by_position",
     "test_left_padded_encoder_equals_itself_alone",
     "test_padded_prefix_continued_equals_each_row_alone",
     "test_left_padded_prompt_equals_each_row_alone",
