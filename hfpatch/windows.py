@@ -80,8 +80,11 @@ def window_plan(owner: type) -> Optional[WindowPlan]:
 def _dict_skips_a_name(source: str) -> bool:
     """Whether a forward that builds its masks unless given a ``{layer_type: mask}`` dict reads, outside
     that block, a name only the block assigns: given the dict, it would raise (T5Gemma 2's decoder on
-    5.4-5.x defines a mask function there and uses it for the cross-attention mask)."""
-    forward = ast.parse(textwrap.dedent(source)).body[0]
+    5.4-5.14 defines a mask function there and uses it for the cross-attention mask)."""
+    try:
+        forward = ast.parse(textwrap.dedent(source)).body[0]
+    except SyntaxError:  # source this cannot read: assume the dict is taken, as the forward says
+        return False
 
     def names(nodes: Any, context: type) -> set[str]:
         return {node.id for node in nodes if isinstance(node, ast.Name) and isinstance(node.ctx, context)}
