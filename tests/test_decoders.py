@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 import torch
+from packaging.version import Version
 
 import hfpatch
-from hfpatch.support import in_range, release_has
+from hfpatch.support import NEWEST_TESTED, in_range, release_has
 from hfpatch.tiny import PAD, VOCAB, tiny_seq2seq
 from hfpatch.windows import positional
 
@@ -310,7 +311,8 @@ def test_decoder_window_is_decided_by_position(name, attention):
     """A decoder with a sliding window of 4: by cache column the short row's window holds its pads, so
     stock is wrong past the window; hfpatch decides it by position."""
     model = _model(name, attention)
-    if not positional(model, REGISTRY[name].cls):
+    if not positional(model, REGISTRY[name].cls):  # T5Gemma 2 on 5.4-5.14 (docs/how-it-works.md)
+        assert TF < Version(NEWEST_TESTED), f"{name}: windows left to transformers on the newest release"
         pytest.skip(f"{name}'s decoder in transformers {TF} cannot take window masks: left to transformers")
     rows = (list(range(11, 22)), list(range(31, 36)))
     with _window(model, 4):
