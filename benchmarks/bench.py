@@ -21,7 +21,7 @@ import sys
 import time
 import types
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple, Optional
 
 import torch
 
@@ -79,6 +79,54 @@ def median_ratio(
         times_b.append(tb)
         ratios.append(ta / tb)
     return statistics.median(ratios), statistics.median(times_a) * 1e3, statistics.median(times_b) * 1e3
+
+
+class Paired(NamedTuple):
+    """The seconds of each interleaved pair of calls: side 0 (``a``) and side 1 (``b``)."""
+
+    a: list[float]
+    b: list[float]
+
+    def ms(self, side: int) -> float:
+        return statistics.median((self.a, self.b)[side]) * 1e3
+
+    def ratios(self) -> list[float]:
+        return [a / b for a, b in zip(self.a, self.b)]
+
+    def ratio(self) -> tuple[float, float, float]:
+        """The median of the per-pair ratios, and their interquartile range."""
+        low, _, high = statistics.quantiles(self.ratios(), n=4)
+        return statistics.median(self.ratios()), low, high
+
+
+def interleaved(
+    timed: Callable[[int], float],
+    steps: int = DECODE_STEPS,
+    before: Optional[Callable[[], None]] = None,
+    after: Optional[Callable[[], None]] = None,
+) -> Paired:
+    """``steps`` pairs of ``timed(side)`` (each returns the seconds of its own model call, so that what it
+    does around the call is not timed), in alternating order, after 3 warm-up pairs; ``before`` and
+    ``after`` run around each pair, untimed."""
+    paired = Paired([], [])
+    for i in range(steps + 3):
+        if before is not None:
+            before()
+        pair = [0.0, 0.0]
+        for side in (0, 1) if i % 2 == 0 else (1, 0):
+            pair[side] = timed(side)
+        if after is not None:
+            after()
+        if i >= 3:  # warm-up
+            paired.a.append(pair[0])
+            paired.b.append(pair[1])
+    return paired
+
+
+def _seconds(call: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
 
 
 def eager_padded_forward(batch: int, length: int) -> list[str]:
@@ -184,24 +232,16 @@ def _decode_row(model: Any, arch: str, batch: int, prompt: int, kind: str, contr
         if run["filled"] == capacity:  # full: start again from the prompt
             prefill()
 
-    times: list = [[], []]
-    ratios = []
-    for i in range(DECODE_STEPS + 3):
-        pair = [0.0, 0.0]
-        for side in (0, 1) if i % 2 == 0 else (1, 0):
-            kwargs = prepare(side)
-            with torch.no_grad():
-                start = time.perf_counter()
-                model(**kwargs)
-                pair[side] = time.perf_counter() - start
-            finish()
-        if i >= 3:  # warm-up
-            times[0].append(pair[0])
-            times[1].append(pair[1])
-            ratios.append(pair[0] / pair[1])
-    ms_a, ms_b = statistics.median(times[0]) * 1e3, statistics.median(times[1]) * 1e3
-    ratio = statistics.median(ratios)
-    low, _, high = statistics.quantiles(ratios, n=4)
+    def timed(side: int) -> float:
+        kwargs = prepare(side)
+        with torch.no_grad():
+            spent = _seconds(lambda: model(**kwargs))
+        finish()
+        return spent
+
+    paired = interleaved(timed)
+    ms_a, ms_b = paired.ms(0), paired.ms(1)
+    ratio, low, high = paired.ratio()
     if control:
         return (
             f"| {arch} (A/A: by hand vs by hand) | {kind} | {batch} x 1 (after {prompt}) | {ms_a:.3f} | "
@@ -274,26 +314,19 @@ def _seq2seq_row(model: Any, arch: str, batch: int, source: int, prompt: int, co
     contexts = (
         (hfpatch.unpatched, hfpatch.unpatched) if control else (contextlib.nullcontext, hfpatch.unpatched)
     )
-    times: list = [[], []]
-    ratios = []
-    for i in range(DECODE_STEPS + 3):
-        pair = [0.0, 0.0]
-        for side in (0, 1) if i % 2 == 0 else (1, 0):
-            with torch.no_grad(), contexts[side]():
-                start = time.perf_counter()
-                model(**kwargs)
-                pair[side] = time.perf_counter() - start
-            cache.crop(-1)  # outside the timing: the same step again
-        if i >= 3:  # warm-up
-            times[0].append(pair[0])
-            times[1].append(pair[1])
-            ratios.append(pair[0] / pair[1])
-    ms_a, ms_b = statistics.median(times[0]) * 1e3, statistics.median(times[1]) * 1e3
-    low, _, high = statistics.quantiles(ratios, n=4)
+
+    def timed(side: int) -> float:
+        with torch.no_grad(), contexts[side]():
+            spent = _seconds(lambda: model(**kwargs))
+        cache.crop(-1)  # outside the timing: the same step again
+        return spent
+
+    paired = interleaved(timed)
+    ratio, low, high = paired.ratio()
     label = f"{arch} (A/A: stock vs stock)" if control else arch
     return (
-        f"| {label} | {batch} x 1 (after {prompt}; source {source}) | {ms_a:.3f} | {ms_b:.3f} "
-        f"| **{statistics.median(ratios):.3f}** ({low:.2f}-{high:.2f}) |"
+        f"| {label} | {batch} x 1 (after {prompt}; source {source}) | {paired.ms(0):.3f} | {paired.ms(1):.3f} "
+        f"| **{ratio:.3f}** ({low:.2f}-{high:.2f}) |"
     )
 
 
@@ -329,37 +362,28 @@ def _static_slots_row(model: Any, batch: int, prompt: int, capacity: int, contro
 
     prefill()
     token = torch.ones(batch, 1, dtype=torch.long)
-    times: list = [[], []]
-    diffs, ratios = [], []
-    for i in range(DECODE_STEPS + 3):
+
+    def step() -> None:  # before each pair: the slot both sides fill
+        run["full"][:, run["filled"]] = 1
+
+    def timed(side: int) -> float:
         filled = run["filled"]
-        run["full"][:, filled] = 1
-        pair = [0.0, 0.0]
-        for side in (0, 1) if i % 2 == 0 else (1, 0):
-            kwargs = {
-                "input_ids": token,
-                "attention_mask": run["full"],
-                "use_cache": True,
-                name: run["cache"],
-            }
-            stock = side == 1 or control
-            if stock:  # stock, fed what hfpatch would derive
-                kwargs["position_ids"] = positions_from_mask(run["full"][:, : filled + 1])[:, filled:]
-                kwargs["cache_position"] = torch.arange(filled, filled + 1)
-            with torch.no_grad(), hfpatch.unpatched() if stock else contextlib.nullcontext():
-                start = time.perf_counter()
-                model(**kwargs)
-                pair[side] = time.perf_counter() - start
+        kwargs = {"input_ids": token, "attention_mask": run["full"], "use_cache": True, name: run["cache"]}
+        stock = side == 1 or control
+        if stock:  # stock, fed what hfpatch would derive
+            kwargs["position_ids"] = positions_from_mask(run["full"][:, : filled + 1])[:, filled:]
+            kwargs["cache_position"] = torch.arange(filled, filled + 1)
+        with torch.no_grad(), hfpatch.unpatched() if stock else contextlib.nullcontext():
+            return _seconds(lambda: model(**kwargs))
+
+    def advance() -> None:  # after each pair
         run["filled"] += 1
         if run["filled"] - prompt == cycle:
             prefill()
-        if i >= 3:  # warm-up
-            times[0].append(pair[0])
-            times[1].append(pair[1])
-            diffs.append(pair[0] - pair[1])
-            ratios.append(pair[0] / pair[1])
-    ms_a, ms_b = statistics.median(times[0]) * 1e3, statistics.median(times[1]) * 1e3
-    extra = statistics.median(diffs) * 1e6
+
+    paired = interleaved(timed, before=step, after=advance)
+    ms_a, ms_b = paired.ms(0), paired.ms(1)
+    extra = statistics.median(a - b for a, b in zip(paired.a, paired.b)) * 1e6
     if control:
         own = "-"
     else:  # hfpatch's own work on such a step, timed alone (its count of the slots put back each time)
@@ -376,7 +400,7 @@ def _static_slots_row(model: Any, batch: int, prompt: int, capacity: int, contro
     label = "llama (A/A: stock vs stock)" if control else "llama"
     return (
         f"| {label} | {capacity} | {batch} x 1 (after {prompt}) | {ms_a:.3f} | {ms_b:.3f} | {extra:.0f} "
-        f"| **{statistics.median(ratios):.3f}** | {own} |"
+        f"| **{statistics.median(paired.ratios()):.3f}** | {own} |"
     )
 
 
@@ -397,36 +421,24 @@ def window_decode(batch: int, prompt: int, window: int, steps: int = 301) -> lis
             out = model(input_ids=ids, attention_mask=mask, use_cache=True, **extra)
         sides.append({"cache": output_cache(out), "mask": mask, "by_hand": by_hand})
     token = torch.ones(batch, 1, dtype=torch.long)
-    times: list = [[], []]
-    ratios = []
-    for i in range(steps + 3):
-        pair = [0.0, 0.0]
-        for side in (0, 1) if i % 2 == 0 else (1, 0):
-            run = sides[side]
-            run["mask"] = torch.cat([run["mask"], run["mask"].new_ones(batch, 1)], 1)
-            kwargs = {
-                "input_ids": token,
-                "attention_mask": run["mask"],
-                "use_cache": True,
-                name: run["cache"],
-            }
-            if run["by_hand"]:
-                kwargs["position_ids"] = positions_from_mask(run["mask"])[:, -1:]
-            with torch.no_grad():
-                start = time.perf_counter()
-                model(**kwargs)
-                pair[side] = time.perf_counter() - start
-        if i >= 3:
-            times[0].append(pair[0])
-            times[1].append(pair[1])
-            ratios.append(pair[0] / pair[1])
+
+    def timed(side: int) -> float:
+        run = sides[side]
+        run["mask"] = torch.cat([run["mask"], run["mask"].new_ones(batch, 1)], 1)
+        kwargs = {"input_ids": token, "attention_mask": run["mask"], "use_cache": True, name: run["cache"]}
+        if run["by_hand"]:
+            kwargs["position_ids"] = positions_from_mask(run["mask"])[:, -1:]
+        with torch.no_grad():
+            return _seconds(lambda: model(**kwargs))
+
+    paired = interleaved(timed, steps)
     kv = [
         sum(t.numel() * t.element_size() for layer in s["cache"].layers for t in (layer.keys, layer.values))
         for s in sides
     ]
     return [
-        f"| mistral (window {window}) | {batch} x 1 (after {prompt}, {steps} steps) | {statistics.median(times[0]) * 1e3:.3f} "
-        f"| {statistics.median(times[1]) * 1e3:.3f} | **{statistics.median(ratios):.3f}** | {kv[0] / 2**20:.1f} | {kv[1] / 2**20:.1f} |"
+        f"| mistral (window {window}) | {batch} x 1 (after {prompt}, {steps} steps) | {paired.ms(0):.3f} "
+        f"| {paired.ms(1):.3f} | **{statistics.median(paired.ratios()):.3f}** | {kv[0] / 2**20:.1f} | {kv[1] / 2**20:.1f} |"
     ]
 
 
