@@ -124,9 +124,9 @@ def _relative_bias(original: Callable) -> Callable:
         pending = HANDOFF.pending
         if pending is None or pending.module is not None or key_length < pending.mask.shape[1]:
             return original(self, query_length, key_length, device, *args, **kw)
-        keys = key_length
-        # a static cache holds more columns than a mask of past + new covers: its unwritten slots
-        mask = torch.nn.functional.pad(pending.mask, (0, keys - pending.mask.shape[1]))
+        keys, mask = key_length, pending.mask
+        if keys > mask.shape[1]:  # a static cache's columns past a mask of past + new: unwritten slots
+            mask = torch.nn.functional.pad(mask, (0, keys - mask.shape[1]))
         device = device if device is not None else self.relative_attention_bias.weight.device
         # one query at position keys - 1 against keys 0 .. 2 * keys - 2: the bias of every offset
         # -(keys - 1) .. keys - 1, by the release's own buckets

@@ -147,9 +147,9 @@ def positional(model: Any, cls: str) -> bool:
     one) builds windowed masks hfpatch can replace, for layer types it knows, in eager or SDPA attention."""
     owner = _owner(model, cls)
     config = _text_config(model)
-    if owner is None or window_plan(owner) is None:
+    plan = window_plan(owner) if owner is not None else None
+    if plan is None:
         return False
-    plan = window_plan(owner)
     kinds = set(_layer_types(config, plan))
     return (
         getattr(config, "_attn_implementation", None) in ATTENTION

@@ -137,7 +137,8 @@ def _padded(
             inputs[cache_kwarg(model)] = cache
         with torch.no_grad():
             out = model(**inputs)
-        cache = _cache_of(out) if _cache_of(out) is not None else cache
+        returned = _cache_of(out)
+        cache = returned if returned is not None else cache  # none returned: the one passed goes on
         for r in range(2):
             logits[r] += [_logits(model, out)[r, i] for i in real[r]]
     return [torch.stack(row) for row in logits]
