@@ -33,6 +33,7 @@ __all__ = [
     "exact_fill_level",
     "keep_whole_window",
     "one_buffer_for_all_layers",
+    "own",
     "past_length",
     "recount",
     "remember_requested_lengths",
@@ -68,7 +69,7 @@ def capacity(cache: Any) -> Optional[int]:
 
 
 def _read_capacity(cache: Any) -> int:
-    cache = _own(cache)
+    cache = own(cache)
     layers = _layers(cache)
     if layers is not None:  # sliding-window layers hold fewer slots: the cache's length is the longest
         if not len(layers) or getattr(layers[0], "max_cache_len", None) is None:
@@ -221,10 +222,10 @@ def _layers(cache: Any) -> Any:
     """A 4.54+ cache's per-layer objects, or ``None`` for an older cache. Where they exist, hfpatch
     reads only them: those releases keep cache-level properties (``key_cache`` in 4.54-4.55,
     ``max_cache_len`` in 5.13-5.19) that log a deprecation warning, which dynamo cannot trace."""
-    return getattr(_own(cache), "layers", None)
+    return getattr(own(cache), "layers", None)
 
 
-def _own(cache: Any) -> Any:
+def own(cache: Any) -> Any:
     """A decoder's own cache: an ``EncoderDecoderCache``'s self-attention cache (its cross-attention one
     holds the encoder's keys). It has no ``layers`` itself, and 5.13-5.19 give it Cache's deprecated
     ``max_cache_len`` property, whose warning dynamo cannot trace."""

@@ -123,7 +123,7 @@ def apply_windows(
         cache = _new_cache(model.config, window.decoder_cache)
         if cache is not None:
             kwargs[cache_kw] = cache
-    cache = getattr(cache, "self_attention_cache", cache)  # a decoder's: the windowed layers are there
+    cache = caches.own(cache)  # a decoder's EncoderDecoderCache: its self-attention one holds the windows
     if cache is not None and not caches.keep_whole_window(cache):
         return  # a cache whose sliding layers this cannot keep whole (4.45-4.53 fixed-size ones): stock
     if mask.shape[1] <= min(window or chunk for window, chunk in sizes):
