@@ -29,8 +29,8 @@ import hfpatch
 from hfpatch.forward import make_forward
 from hfpatch.plans import SLOTS, read_plan
 from hfpatch.positions import positions_from_mask
-from hfpatch.tiny import tiny_model, tiny_seq2seq
 from hfpatch.verification import cache_name, new_static_cache, output_cache
+from hfpatch.verification.tiny import tiny_model, tiny_seq2seq
 
 REPEATS = 101
 DECODE_STEPS = 1001  # one step's ratio varies by ~5 %: 1001 steps pin the median to ~0.2 %

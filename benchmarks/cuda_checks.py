@@ -29,8 +29,8 @@ import torch
 import hfpatch
 from hfpatch.forward import make_forward
 from hfpatch.plans import read_plan
-from hfpatch.tiny import FLAGSHIPS, PAD, VOCAB, tiny_model, tiny_seq2seq
 from hfpatch.verification import TOLERANCE, cache_name, encoder_input, new_static_cache, output_cache
+from hfpatch.verification.tiny import FLAGSHIPS, PAD, VOCAB, tiny_model, tiny_seq2seq
 
 
 def greedy(

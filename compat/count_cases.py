@@ -22,8 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import hfpatch  # noqa: E402
 from hfpatch.support import release_has  # noqa: E402
-from hfpatch.tiny import FLAGSHIPS, tiny_model  # noqa: E402
+from hfpatch.verification.tiny import tiny_model  # noqa: E402
 
+from expectations import FLAGSHIPS  # noqa: E402
 from harness import TOLERANCE, max_diff, random_case, run_padded  # noqa: E402
 
 

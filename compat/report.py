@@ -26,13 +26,14 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE.parent / "tests"))
 
 from packaging.version import Version  # noqa: E402
 
 import hfpatch  # noqa: E402  (registers the adapters)
 from hfpatch.support import KNOWN_BAD, TESTED, support  # noqa: E402
-from hfpatch.tiny import FLAGSHIPS  # noqa: E402
 
+from expectations import FLAGSHIPS  # noqa: E402
 from matrix import FAILURE_KINDS, NOT_BUILDABLE, RELEASES, failure_kind, probe_verdict  # noqa: E402
 
 # every adapter: the probe runs causal LMs and encoder-decoder models alike (hfpatch.verify)

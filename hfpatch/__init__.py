@@ -8,7 +8,6 @@
 import importlib
 from typing import Any
 
-from . import adapters as _adapters  # noqa: F401  (registers the adapters)
 from .engine import AdapterStatus, Status, apply, patched, registry, revert, status, unpatched
 
 __version__ = "0.1.0"

@@ -14,17 +14,14 @@ Three families, told apart by what the object has, never by the release number:
 
 from __future__ import annotations
 
+import functools
 import types
 from typing import Any, Optional, Union
 
 import torch
 
+from ._compat import cache_utils
 from .positions import static_fill_level
-
-try:  # at import, not in a call: dynamo cannot trace an import from transformers' lazy module
-    from transformers import cache_utils
-except ImportError:  # before 4.36
-    cache_utils = None
 
 __all__ = [
     "capacity",
@@ -36,7 +33,7 @@ __all__ = [
     "own",
     "past_length",
     "recount",
-    "remember_requested_lengths",
+    "recording_requested_lengths",
 ]
 
 COUNTER = "_hfpatch_written"  # on a 4.38-5.3 static cache: one past the last slot hfpatch saw written
@@ -181,25 +178,22 @@ def _initialized(layer: Any) -> bool:
 _SETUP = ("dtype", "device")  # what a layer's lazy initialization sets besides keys and values
 
 
-def remember_requested_lengths(install: bool) -> None:
-    """While hfpatch is applied, a static cache's sliding layer (4.54+) records the cache length it was
+def recording_requested_lengths() -> Optional[tuple[type, Any, Any]]:
+    """While hfpatch is installed, a static cache's sliding layer (4.54+) records the cache length it was
     asked for (it keeps only ``min(window, length)`` slots and forgets it): the cache's capacity, and
-    the full layer :func:`keep_whole_window` puts in its place."""
+    the full layer :func:`keep_whole_window` puts in its place. (the layer class, its ``__init__``, the
+    replacement), or None on releases without such a layer."""
     layer = _static_sliding_layer()
-    if layer is None:
-        return
+    if layer is None or "__init__" not in layer.__dict__:
+        return None
     init = layer.__dict__["__init__"]
-    if install and not getattr(init, "__hfpatch_records__", False):
 
-        def __init__(self: Any, max_cache_len: int, *args: Any, **kwargs: Any) -> None:
-            init(self, max_cache_len, *args, **kwargs)
-            setattr(self, REQUESTED, max_cache_len)
+    @functools.wraps(init)
+    def __init__(self: Any, max_cache_len: int, *args: Any, **kwargs: Any) -> None:
+        init(self, max_cache_len, *args, **kwargs)
+        setattr(self, REQUESTED, max_cache_len)
 
-        __init__.__hfpatch_records__ = True  # type: ignore[attr-defined]
-        __init__.__wrapped__ = init  # type: ignore[attr-defined]
-        type.__setattr__(layer, "__init__", __init__)
-    elif not install and getattr(init, "__hfpatch_records__", False):
-        type.__setattr__(layer, "__init__", init.__wrapped__)
+    return layer, init, __init__
 
 
 def one_buffer_for_all_layers(cache: Any) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import sys
 from collections import Counter
@@ -25,7 +26,8 @@ examples:
 
 exit status:
   0    every model checked is exact with hfpatch (or right on stock)
-  1    a model checked is wrong with hfpatch installed
+  1    a model checked is wrong with hfpatch installed (also one hfpatch does not patch: its
+       table says why)
   2    cannot run: bad arguments, no such checkpoint or model type, neither a causal LM, an
        image-text-to-text nor an encoder-decoder model (or its tiny model cannot be built or run)
   126  run: the command cannot be executed; 127: it was not found (else: the command's own status)
@@ -54,7 +56,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "hfpatch") -> int:
     launcher = commands.add_parser("run", help="run a command with hfpatch in every Python process")
     launcher.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS")
     args = parser.parse_args(argv)
-    if args.command in ("verify", "doctor", None):
+    if args.command == "doctor" or args.command is None:
         _quiet_transformers()
     if args.command == "run":
         return run(args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd, prog)
@@ -62,6 +64,8 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "hfpatch") -> int:
         print(architectures())
         return OK
     if args.command == "verify":
+        if any(not (_names_a_path(t) and not os.path.isdir(t)) for t in args.targets):
+            _quiet_transformers()
         return verify(args.targets, static=not args.no_static, prog=prog)
     return doctor()
 
@@ -74,27 +78,40 @@ def _quiet_transformers() -> None:
     transformers.logging.set_verbosity_error()
 
 
+# the doctor's models: gpt2 (absolute positions), llama and gemma (rotary)
+DOCTOR_MODELS = ("gpt2", "llama", "gemma")
+WHY = """\
+Why stock is wrong: a plain forward call numbers the tokens by cache column, not by the mask.
+- Absolute positions (gpt2 below): any padding shifts every real token, left padding in one call too.
+- Rotary positions (llama, gemma): a uniform left shift cancels, so left padding in one call is right;
+  the holes of a padded cached prefix do not cancel (nor windows, nor rope scaled by the length)."""
+
+
 def doctor() -> int:
-    """Versions, what hfpatch patches here, and the check on tiny models of the flagship types."""
+    """Versions, what hfpatch patches here, why stock is wrong, and the check on tiny models of each kind."""
     import torch
     import transformers
 
-    from .tiny import FLAGSHIPS, tiny_model
     from .verification import verify as check
+    from .verification.tiny import tiny_model
 
     engine.apply()
-    models = {arch: tiny_model(arch) for arch in FLAGSHIPS if engine.status()[arch].state == engine.WAITING}
+    waiting = [arch for arch in DOCTOR_MODELS if engine.status()[arch].state == engine.WAITING]
+    models = {arch: tiny_model(arch) for arch in waiting}
     status = engine.status()  # the models' modules are imported now: their post-import hooks ran
     versions = f"torch {torch.__version__}, transformers {transformers.__version__}"
     print(f"Python {platform.python_version()}, {versions}")
     counts = Counter(entry.state for entry in status.values())
     print(
-        f"{len(status)} decoder-only model types known: " + ", ".join(f"{n} {s}" for s, n in counts.items())
+        f"hfpatch knows {len(status)} model types (decoder-only, encoder-decoder, vision-language): "
+        + ", ".join(f"{n} {state}" for state, n in counts.items())
     )
     print("(print(hfpatch.status()) lists each with its reason; hfpatch verify TYPE checks one)")
     print()
+    print(WHY)
+    print()
     failed = False
-    for arch in FLAGSHIPS:
+    for arch in DOCTOR_MODELS:
         entry = status[arch]
         if entry.state != engine.APPLIED:
             print(f"{arch}: not checked ({entry.state}: {entry.reason})\n")
@@ -107,13 +124,17 @@ def doctor() -> int:
 
 def verify(targets: Sequence[str], static: bool, prog: str = "hfpatch") -> int:
     """``hfpatch verify``: each target's table; exit 1 if one is wrong with hfpatch, 2 if one cannot
-    run (one line each, no traceback)."""
-    from .verification import CannotVerify
-    from .verification import verify as check
-
-    engine.apply()
+    run (one line each, no traceback). A path that is no directory is said at once (before torch loads)."""
     worst = OK
     for target in targets:
+        if _names_a_path(target) and not os.path.isdir(target):
+            print(f"{prog} verify: {target}: no such checkpoint directory", file=sys.stderr)
+            worst = max(worst, CANNOT_RUN)
+            continue
+        from .verification import CannotVerify
+        from .verification import verify as check
+
+        engine.apply()
         try:
             result = check(target, static=static)
         except CannotVerify as exc:
@@ -123,6 +144,10 @@ def verify(targets: Sequence[str], static: bool, prog: str = "hfpatch") -> int:
         print(f"{result}\n")
         worst = max(worst, OK if result.ok else WRONG)
     return worst
+
+
+def _names_a_path(target: str) -> bool:
+    return os.sep in target or target.startswith(".") or bool(os.altsep and os.altsep in target)
 
 
 def architectures() -> str:
@@ -184,8 +209,10 @@ def _types(adapter: Any) -> str:
 def _releases(adapter: Any) -> str:
     from .support import NEWEST_TESTED
 
-    holes = "".join(f", not {spec.removeprefix('==')}" for spec, _ in adapter.known_bad)
-    return f"{adapter.since} - {NEWEST_TESTED}{holes}"
+    holes = "".join(f", not {spec.removeprefix('==')} (known-bad)" for spec, _ in adapter.known_bad)
+    holes += "".join(f", not {spec.removeprefix('==')} (unverified)" for spec, _ in adapter.unverified)
+    since = adapter.since if not NEWEST_TESTED.startswith(f"{adapter.since}.") else NEWEST_TESTED
+    return (f"{since} - {NEWEST_TESTED}" if since != NEWEST_TESTED else since) + holes
 
 
 def console() -> None:

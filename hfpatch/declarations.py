@@ -34,7 +34,6 @@ class Family(NamedTuple):
         name: ``"absolute"`` (a learned or fixed table indexed by position: left padding shifts every
             real token on stock) or ``"rotary"`` (RoPE and relatives: a uniform left shift cancels,
             the holes of a padded cached prefix do not).
-        left_padding_wrong_on_stock: what follows for one call with left padding.
         attached_cache: attribute path from the base model to a static cache kept outside the
             forward's arguments (4.38-4.40 ``model._setup_cache``), read only to find cache slots.
         notes: (releases, what positions leave wrong there): shown by ``status()`` on those releases.
@@ -58,7 +57,6 @@ class Family(NamedTuple):
     """
 
     name: str
-    left_padding_wrong_on_stock: bool
     attached_cache: Optional[str] = None
     notes: tuple[tuple[str, str], ...] = ()
     hands_to: Optional[str] = None
@@ -66,11 +64,6 @@ class Family(NamedTuple):
     seq2seq: bool = False
     ids_rank: int = 2
     multimodal: bool = False
-
-    @property
-    def probed(self) -> bool:
-        """Whether ``verify()`` and the release probe run its model types (causal LMs, encoder-decoder)."""
-        return not self.multimodal
 
 
 class Adapter(NamedTuple):
@@ -92,7 +85,10 @@ class Adapter(NamedTuple):
             such calls, when hfpatch derives the positions, the base model's boolean ``attribute``
             (``_use_sdpa``) reads False in the calling thread, so that transformers builds its eager
             4-D mask (right for any padding; attention still runs in SDPA).
-        known_bad: (releases, why and the workaround): never patched there.
+        known_bad: (releases, what is wrong there and the workaround): measured wrong upstream with
+            the right positions (or failing on stock), so never patched there.
+        unverified: (releases, why): releases without evidence either way (hfpatch's tiny model of the
+            type cannot be built or run there): not patched unless ``apply(..., ignore_ranges=True)``.
         receiver: where ``family.hands_to`` is set, the class of the module that takes the positions
             (its position module, or the attention class whose ``compute_bias`` is made per row),
             patched with the adapter.
@@ -110,6 +106,7 @@ class Adapter(NamedTuple):
     limits: tuple[str, ...] = ()
     eager_mask: Optional[tuple[str, str]] = None
     known_bad: tuple[tuple[str, str], ...] = ()
+    unverified: tuple[tuple[str, str], ...] = ()
     receiver: Optional[str] = None
     also: tuple[str, ...] = ()
 

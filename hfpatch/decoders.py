@@ -6,8 +6,9 @@ bias from cache columns. No argument reaches it, so the patched ``forward`` deri
 the 2-D mask as for every other model (:mod:`hfpatch.forward`), then hands them to the one module that
 uses them, for the duration of the call:
 
-1. the patched ``forward`` puts ``Pending(module, positions, mask)`` in a thread-local slot
-   (:data:`HANDOFF`) and calls the original; the slot is restored when it returns or raises;
+1. the patched ``forward`` puts ``Pending(module, positions, mask)`` in the calling thread's context
+   (``hfpatch._context.CALL.pending``) and calls the original; the slot is restored when it returns or
+   raises (and carried into a layer's recomputation by activation checkpointing: :mod:`hfpatch._context`);
 2. the receiver class (``Adapter.receiver``) is patched with the adapter: its method looks at the
    slot, and where it holds positions for this very module (``module is self``; for the relative bias,
    any layer of the call with at least the mask's keys), returns what it would return for them, by its
@@ -34,15 +35,15 @@ from __future__ import annotations
 
 import functools
 import inspect
-import threading
 from typing import Any, Callable, NamedTuple, Optional
 
 import torch
 
+from ._context import CALL
 from .declarations import PADDED_TABLE, RELATIVE_BIAS, SINUSOID, TABLE
 from .positions import positions_from_mask
 
-__all__ = ["HANDOFF", "HANDS_TO", "Pending", "call_with_positions", "patch_receiver"]
+__all__ = ["HANDS_TO", "Pending", "Receiver", "call_with_positions", "receiver"]
 
 
 class Pending(NamedTuple):
@@ -51,13 +52,6 @@ class Pending(NamedTuple):
     module: Any  # the position module that takes them; None: any relative-bias layer of the call
     positions: torch.Tensor  # [batch, new] int64: the new tokens' positions
     mask: torch.Tensor  # [batch, past + new]: the 2-D mask they come from (the relative bias reads keys')
-
-
-class _Handoff(threading.local):
-    pending: Optional[Pending] = None
-
-
-HANDOFF = _Handoff()
 
 
 def call_with_positions(
@@ -69,12 +63,12 @@ def call_with_positions(
     if positions is None:  # nothing derived (explicit position_ids, no mask, a 4-D mask): stock
         return original(model, **kwargs)
     module = getattr(model, family.position_module) if family.position_module is not None else None
-    before = HANDOFF.pending
-    HANDOFF.pending = Pending(module, positions, mask)
+    before = CALL.pending
+    CALL.pending = Pending(module, positions, mask)
     try:
         return original(model, **kwargs)
     finally:
-        HANDOFF.pending = before
+        CALL.pending = before
 
 
 # --- the receivers: one per ``Family.hands_to`` --------------------------------------------------
@@ -82,7 +76,7 @@ def call_with_positions(
 
 def _table(original: Callable) -> Callable:
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
-        pending = HANDOFF.pending
+        pending = CALL.pending
         if pending is None or pending.module is not self:
             return original(self, *args, **kwargs)
         return torch.nn.functional.embedding(pending.positions + getattr(self, "offset", 0), self.weight)
@@ -92,7 +86,7 @@ def _table(original: Callable) -> Callable:
 
 def _sinusoid(original: Callable) -> Callable:
     def forward(self: Any, embeds: Any, *args: Any, **kwargs: Any) -> Any:
-        pending = HANDOFF.pending
+        pending = CALL.pending
         if pending is None or pending.module is not self:
             return original(self, embeds, *args, **kwargs)
         batch, new = pending.positions.shape
@@ -105,7 +99,7 @@ def _sinusoid(original: Callable) -> Callable:
 
 def _padded_table(original: Callable) -> Callable:
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
-        pending = HANDOFF.pending
+        pending = CALL.pending
         if pending is None or pending.module is not self:
             return original(self, *args, **kwargs)
         stock = original(self, *args, **kwargs)  # grows the table where the call needs it
@@ -121,7 +115,7 @@ def _relative_bias(original: Callable) -> Callable:
     def compute_bias(
         self: Any, query_length: Any, key_length: Any, device: Any = None, *args: Any, **kw: Any
     ) -> Any:
-        pending = HANDOFF.pending
+        pending = CALL.pending
         if pending is None or pending.module is not None or key_length < pending.mask.shape[1]:
             return original(self, query_length, key_length, device, *args, **kw)
         keys, mask = key_length, pending.mask
@@ -140,21 +134,29 @@ def _relative_bias(original: Callable) -> Callable:
     return compute_bias
 
 
-HANDS_TO: dict[str, tuple[str, Callable[[Callable], Callable]]] = {
-    TABLE: ("forward", _table),
-    SINUSOID: ("forward", _sinusoid),
-    PADDED_TABLE: ("forward", _padded_table),
-    RELATIVE_BIAS: ("compute_bias", _relative_bias),
+class Receiver(NamedTuple):
+    """Where a family's positions are taken: the method of the receiver class that is patched, how its
+    replacement is made from the original, and whether it runs inside a layer (then activation
+    checkpointing must carry the hand-off into the layer's recomputation)."""
+
+    method: str
+    make: Callable[[Callable], Callable]
+    inside_layers: bool = False
+
+
+HANDS_TO: dict[str, Receiver] = {
+    TABLE: Receiver("forward", _table),
+    SINUSOID: Receiver("forward", _sinusoid),
+    PADDED_TABLE: Receiver("forward", _padded_table),
+    RELATIVE_BIAS: Receiver("compute_bias", _relative_bias, inside_layers=True),  # in the first layer
 }
 
 
-def patch_receiver(owner: type, hands_to: str) -> Optional[tuple[str, Callable, Callable]]:
-    """The method of ``owner`` (a receiver class) that takes handed positions, patched: (name, original,
-    patch); None where the class has no such method of its own."""
-    name, make = HANDS_TO[hands_to]
+def receiver(owner: type, hands_to: str) -> Optional[tuple[str, Callable, Callable]]:
+    """The method of ``owner`` (a receiver class) that takes handed positions: (name, original,
+    replacement); None where the class has no such method of its own."""
+    name, make, _ = HANDS_TO[hands_to]
     original = owner.__dict__.get(name)
     if original is None:
         return None
-    patch = functools.wraps(original)(make(original))
-    patch.__hfpatch_receiver__ = True  # type: ignore[attr-defined]
-    return name, original, patch
+    return name, original, functools.wraps(original)(make(original))

@@ -1,17 +1,22 @@
-"""The patching engine: one registry, one lock, and the same install / revert / report for every adapter.
+"""The public API and the registry: one lock, one table of adapters, and the same install / revert /
+report for every one of them.
 
 An adapter's patch is installed when something wants it (``apply()``, or a ``patched()`` block still
-open in some thread), its release range admits the installed transformers, and its module has been
-imported: at once if it already was, otherwise from a wrapt post-import hook when the user imports
-it. ``apply()`` itself imports no ``transformers.models`` module. The class's own ``forward`` is
-replaced, so models built earlier are fixed too.
+open in some thread), its release range admits the installed transformers (or ``apply(...,
+ignore_ranges=True)`` said to patch it anyway), and its module has been imported: at once if it already
+was, otherwise from a wrapt post-import hook when the user imports it. ``apply()`` itself imports no
+``transformers.models`` module. What it installs is a tuple of rows (:mod:`hfpatch.patches`), built
+once per class (:mod:`hfpatch.build`) and kept, so that a later install puts back the same functions.
+The class's own ``forward`` is replaced, so models built earlier are fixed too.
 
-Who gets the patched result: ``apply()`` pins an adapter for the whole process (until
-``revert()``). ``patched()`` and ``unpatched()`` blocks decide for their own thread only (like
-``torch.no_grad()``): the installed forward reads this thread's choice (:data:`THREADS`) at each eager
-call, so a block in one thread never changes what another thread computes. Compiled code is traced
-once and follows the installed patch.
+Who gets the patched result: ``apply()`` pins an adapter for the whole process (until ``revert()``).
+``patched()`` and ``unpatched()`` blocks decide for their own thread only (like ``torch.no_grad()``):
+the installed forward reads this thread's choice (:data:`hfpatch._context.CALL`) at each eager call,
+so a block in one thread never changes what another thread computes. Compiled code is traced once and
+follows the installed patch.
 """
+
+from __future__ import annotations
 
 import contextlib
 import difflib
@@ -23,18 +28,27 @@ from collections.abc import Iterable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any, Callable, NamedTuple, Optional, Union
 
+from ._context import CALL, Pin
+from .adapters import ADAPTERS, UNDECLARED
 from .declarations import Adapter, Undeclared
-from .plans import read_plan
-from .support import NEWEST_TESTED, OUTSIDE, UNTESTED_NEWER, in_range, installed_transformers, support
+from .patches import Ledger, Patch
+from .support import (
+    NEWEST_TESTED,
+    UNTESTED_NEWER,
+    UNVERIFIED,
+    Support,
+    in_range,
+    installed_transformers,
+    support,
+)
 
 __all__ = [
-    "THREADS",
     "AdapterStatus",
     "Status",
+    "adapter_for",
     "apply",
-    "declare_all",
+    "patchable",
     "patched",
-    "register_all",
     "registry",
     "revert",
     "select",
@@ -51,54 +65,23 @@ Archs = Union[str, Iterable[str], None]
 
 
 class _State:
-    __slots__ = (
-        "name", "pinned", "holders", "hooked", "owner", "original", "patch", "skip_reason", "switch",
-        "companions",
-    )  # fmt: skip
+    """What the engine knows of one adapter."""
 
-    def __init__(self, name: str) -> None:
-        self.name = name  # the adapter's model type
-        self.pinned = False  # apply() asked for it (until revert()); the patched forward reads it
+    __slots__ = ("adapter", "pin", "holders", "hooked", "forced", "rows", "installed", "skip_reason")
+
+    def __init__(self, adapter: Adapter) -> None:
+        self.adapter = adapter
+        self.pin = Pin(adapter.arch)  # pinned: apply() asked for it (until revert()); its forward reads it
         self.holders: set[object] = set()  # tokens of the patched() blocks still open, in any thread
         self.hooked = False  # a post-import hook is registered for its module (wrapt keeps hooks forever)
-        self.owner: Any = None  # the class patched
-        self.original: Optional[Callable] = None
-        self.patch: Optional[Callable] = None
+        self.forced = False  # apply(..., ignore_ranges=True) asked for it, whatever its range says
+        self.rows: tuple[Patch, ...] = ()  # what it replaces, built once per class and kept
+        self.installed = False
         self.skip_reason: Optional[str] = None
-        self.switch: Optional[tuple[str, Any]] = None  # (name, the class attribute it replaced): SdpaSwitch
-        # other classes patched with it (Adapter.also, Adapter.receiver): (class, attribute, original, patch)
-        self.companions: list[tuple[type, str, Callable, Callable]] = []
 
     @property
     def wanted(self) -> bool:
-        return self.pinned or bool(self.holders)
-
-
-class _Threads(threading.local):
-    """What the calling thread chose (class attributes are every new thread's defaults)."""
-
-    overrides: Optional[dict[str, bool]] = None  # adapter -> patched here?, set by patched()/unpatched()
-    eager_mask: bool = False  # see SdpaSwitch
-
-
-THREADS = _Threads()
-
-
-class SdpaSwitch:
-    """Installed as a base-model class's boolean attribute (``Adapter.eager_mask``: ``_use_sdpa``,
-    4.36-4.37) while the class is patched. Instances keep their own value; it reads False in a thread
-    whose current call asked for transformers' eager 4-D mask, so that no instance is ever changed."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __get__(self, instance: Any, owner: Any = None) -> Any:
-        if instance is None:
-            return self
-        return False if THREADS.eager_mask else instance.__dict__.get(self.name, False)
-
-    def __set__(self, instance: Any, value: Any) -> None:
-        instance.__dict__[self.name] = value
+        return self.pin.pinned or bool(self.holders)
 
 
 _lock = threading.RLock()
@@ -106,21 +89,17 @@ _registry: dict[str, Adapter] = {}
 _undeclared: dict[str, Undeclared] = {}
 _aliases: dict[str, str] = {}  # model type -> the adapter that patches its class
 _states: dict[str, _State] = {}
+_ledger = Ledger()
 _warned: set[str] = set()  # warnings already given in this process
-_open_blocks: set[object] = set()  # tokens of the patched() blocks not exited yet
-_swapped: dict[Callable, Callable] = {}  # forward functions just replaced on a class: old -> new
-_applied_by: list[str] = []  # how apply() was called in this process, when not by the user's code
-# rotary classes of a patched module whose rope scaling hfpatch makes per row (hfpatch.rope), by module:
-# (the adapters installed in it, the (class, original forward) pairs); undone with its last adapter
-_rotary: dict[str, tuple[set[str], list[tuple[type, Callable]]]] = {}
+_applied_by: list[str] = []  # how apply() was called in this process, when not by the program itself
 
 
 class AdapterStatus(NamedTuple):
     """One model type: its ``state`` (``applied``, ``waiting for import``, ``skipped``, ``not applied``;
     or, for model types hfpatch does not patch, ``right on stock``, ``not fixable by positions``,
-    ``not covered``), why, the ``target`` and ``versions`` of the adapter that patches it, and its
-    ``support`` on the installed release (``tested``, ``untested newer``, ``known-bad``, ``outside``;
-    empty for model types without an adapter)."""
+    ``not covered``, ``through its language model``), why, the ``target`` and ``versions`` of the adapter
+    that patches it, and its ``support`` on the installed release (``tested``, ``untested newer``,
+    ``known-bad``, ``unverified``, ``outside``; empty for model types without an adapter)."""
 
     arch: str
     target: str
@@ -133,7 +112,7 @@ class AdapterStatus(NamedTuple):
 class Status(Mapping):
     """What ``hfpatch.status()`` returns: a read-only mapping from model type to its
     :class:`AdapterStatus` (``status()["qwen2"].state``, ``"mamba" in status()``), plus the installed
-    ``transformers`` release. ``print()`` it for a table."""
+    ``transformers`` release and how hfpatch was applied (``applied_by``). ``print()`` it for a table."""
 
     __slots__ = ("transformers", "applied_by", "_entries")  # not a dataclass: ~1 ms at import
 
@@ -141,7 +120,9 @@ class Status(Mapping):
         self, transformers: Optional[str], entries: tuple[AdapterStatus, ...], applied_by: str = ""
     ) -> None:
         self.transformers = transformers
-        self.applied_by = applied_by  # "import hfpatch.auto", the launcher, or "" (the code's own apply())
+        # "import hfpatch.auto", the launcher, the Ray setup hook, "hfpatch.apply() in this program", or
+        # "" where nothing applied hfpatch
+        self.applied_by = applied_by
         self._entries = {entry.arch: entry for entry in entries}
 
     @property
@@ -153,7 +134,9 @@ class Status(Mapping):
         try:
             return self._entries[arch]
         except (KeyError, TypeError):
-            raise KeyError(f"no model type {arch!r}; known: {', '.join(self._entries)}") from None
+            hint = _nearest(arch, list(self._entries)) if isinstance(arch, str) else ""
+            message = f"no model type {arch!r} known to hfpatch{hint}; print(hfpatch.status()) lists them"
+            raise KeyError(message) from None
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._entries)
@@ -181,27 +164,22 @@ class Status(Mapping):
         return "\n".join(line.rstrip() for line in lines)
 
 
-def register_all(*adapters: Adapter) -> tuple[Adapter, ...]:
-    """Add adapters to the registry (the declaration modules call this at import)."""
-    with _lock:
-        for adapter in adapters:
-            for name in (adapter.arch, *adapter.aliases):
-                if name in _registry or name in _aliases or name in _undeclared:
-                    raise ValueError(f"model type {name!r} is declared twice")
-            _registry[adapter.arch] = adapter
-            _states[adapter.arch] = _State(adapter.arch)
-            _aliases.update((alias, adapter.arch) for alias in adapter.aliases)
-    return adapters
+def _register() -> None:
+    """The declarations (:mod:`hfpatch.adapters`), in their order; a model type declared twice raises."""
+    for adapter in ADAPTERS:
+        for name in (adapter.arch, *adapter.aliases):
+            if name in _registry or name in _aliases:
+                raise ValueError(f"model type {name!r} is declared twice")
+        _registry[adapter.arch] = adapter
+        _states[adapter.arch] = _State(adapter)
+        _aliases.update((alias, adapter.arch) for alias in adapter.aliases)
+    for entry in UNDECLARED:
+        if entry.arch in _registry or entry.arch in _aliases or entry.arch in _undeclared:
+            raise ValueError(f"model type {entry.arch!r} is declared twice")
+        _undeclared[entry.arch] = entry
 
 
-def declare_all(*entries: Undeclared) -> tuple[Undeclared, ...]:
-    """Add model types that hfpatch knows and does not patch (listed by ``status()``)."""
-    with _lock:
-        for entry in entries:
-            if entry.arch in _registry or entry.arch in _aliases or entry.arch in _undeclared:
-                raise ValueError(f"model type {entry.arch!r} is declared twice")
-            _undeclared[entry.arch] = entry
-    return entries
+_register()
 
 
 def registry() -> Mapping[str, Adapter]:
@@ -218,44 +196,61 @@ def adapter_for(arch: str) -> Optional[Adapter]:
     return _registry.get(_aliases.get(arch, arch))
 
 
-def apply(archs: Archs = None) -> Status:
+def patchable(arch: str) -> bool:
+    """Whether the adapter of ``arch`` may patch the installed release: its range admits it (tested, or
+    untested newer), or ``apply(..., ignore_ranges=True)`` asked for it."""
+    adapter = adapter_for(arch)
+    if adapter is None:
+        return False
+    with _lock:
+        return _states[adapter.arch].forced or support(adapter, installed_transformers()).patchable
+
+
+def apply(archs: Archs = None, *, ignore_ranges: bool = False) -> Status:
     """Patch every registered adapter (or the named model types) whose release range admits the
     installed transformers. Idempotent and thread-safe; never raises because of the installed release.
+    ``ignore_ranges=True`` patches them on this release whatever their declared range says (an
+    unverified release, an older one, a known-bad one: where the class and its signature match), until
+    ``revert()``; ``status()`` still shows their support.
 
     >>> import hfpatch
     >>> hfpatch.apply()                # doctest: +SKIP
     >>> hfpatch.apply(["qwen2"])       # doctest: +SKIP
     """
     with _lock:
-        _want(select(archs), holder=None)
-        _rebind_hooked()
+        installed = _want(select(archs), holder=None, force=ignore_ranges)
+        _rebind_hooked(installed)
         return status()
 
 
-def _want(names: list[str], holder: Optional[object]) -> None:
+def _want(names: list[str], holder: Optional[object], force: bool = False) -> list[Patch]:
+    """Pin ``names`` (``holder`` None) or hold them for a ``patched()`` block; install what can be.
+    Returns the rows installed now."""
     version = installed_transformers()
-    refused, untested = [], []
+    refused, untested, installed = [], [], []
     for name in names:
-        adapter, state = _registry[name], _states[name]
-        verdict = support(adapter, version)
-        if not verdict.patchable:
+        state = _states[name]
+        verdict = support(state.adapter, version)
+        if force and version is not None:
+            state.forced = True
+        if not (verdict.patchable or state.forced):
             state.skip_reason = verdict.reason
             refused.append(verdict.reason)
             continue
         if verdict.level == UNTESTED_NEWER:
             untested.append(name)
         if holder is None:
-            state.pinned = True
+            state.pin.pinned = True
         else:
             state.holders.add(holder)
         state.skip_reason = None
-        module = sys.modules.get(adapter.module)
+        module = sys.modules.get(state.adapter.module)
         if module is not None:
-            _install(adapter, state, module)
+            installed += _install(state, module)
         elif not state.hooked:
             import wrapt  # about 8 ms, so only when a module must be waited for
 
-            wrapt.register_post_import_hook(_hook(name), adapter.module)
+            wrapt.register_post_import_hook(_hook(name), state.adapter.module)
             state.hooked = True
     if refused and len(refused) == len(names):
         reasons = "; ".join(dict.fromkeys(refused))
@@ -263,9 +258,10 @@ def _want(names: list[str], holder: Optional[object]) -> None:
     if untested:
         _warn_once(
             "untested",
-            f"hfpatch is not tested with transformers {version} (newest tested: {NEWEST_TESTED}); "
-            f"patching {', '.join(untested)} because the signatures match. hfpatch.status() says more.",
+            f"hfpatch is not tested with transformers {version} (newest tested: {NEWEST_TESTED}): "
+            f"{len(untested)} model types patched as their signatures match; hfpatch.status() lists them",
         )
+    return installed
 
 
 def _warn_once(key: str, message: str) -> None:
@@ -275,21 +271,15 @@ def _warn_once(key: str, message: str) -> None:
 
 
 def revert(archs: Archs = None) -> Status:
-    """Restore the exact original ``forward`` function objects of every adapter (or the named ones),
-    whoever applied them."""
+    """Restore the exact original class attributes of every adapter (or the named ones), whoever applied
+    them; a replacement someone else made after hfpatch's stays."""
     with _lock:
-        _unwant(select(archs))
-        _rebind_hooked()
+        for name in select(archs):
+            state = _states[name]
+            state.pin.pinned = state.forced = False
+            state.holders.clear()
+            _uninstall(state)
         return status()
-
-
-def _unwant(names: list[str]) -> None:
-    """Nothing pins or holds these adapters any more, and their patches are gone."""
-    for name in names:
-        state = _states[name]
-        state.pinned = False
-        state.holders.clear()
-        _uninstall(state)
 
 
 @contextlib.contextmanager
@@ -304,21 +294,22 @@ def patched(archs: Archs = None) -> Iterator[Status]:
     token = object()
     with _lock:
         names = select(archs)
-        _want(names, holder=token)
-        _rebind_hooked()
-    previous = THREADS.overrides
-    THREADS.overrides = {**(previous or {}), **dict.fromkeys(names, True)}
+        first = [name for name in names if not _states[name].rows]
+        installed = _want(names, holder=token)
+        # models accelerate hooked before hfpatch was ever installed: found once, at the first install
+        _rebind_hooked([row for row in installed if any(row in _states[name].rows for name in first)])
+    previous = CALL.overrides
+    CALL.overrides = {**(previous or {}), **dict.fromkeys(names, True)}
     try:
         yield status()
     finally:
-        THREADS.overrides = previous
+        CALL.overrides = previous
         with _lock:
             for name in names:
                 state = _states[name]
                 state.holders.discard(token)
                 if not state.wanted:
                     _uninstall(state)
-            _rebind_hooked()
 
 
 @contextlib.contextmanager
@@ -332,12 +323,12 @@ def unpatched(archs: Archs = None) -> Iterator[Status]:
     ...     stock_logits = model(input_ids, attention_mask=mask).logits
     """
     names = select(archs)
-    previous = THREADS.overrides
-    THREADS.overrides = {**(previous or {}), **dict.fromkeys(names, False)}
+    previous = CALL.overrides
+    CALL.overrides = {**(previous or {}), **dict.fromkeys(names, False)}
     try:
         yield status()
     finally:
-        THREADS.overrides = previous
+        CALL.overrides = previous
 
 
 def status() -> Status:
@@ -346,20 +337,20 @@ def status() -> Status:
         version = installed_transformers()
         entries = []
         for name, adapter in _registry.items():
-            entry = _adapter_status(name, adapter, version)
+            entry = _adapter_status(_states[name], version)
             entries.append(entry)
             since = dict(adapter.alias_since)
             for alias in adapter.aliases:
                 reason = f"runs {adapter.cls}, patched by the {name!r} adapter; {entry.reason}"
                 alias_entry = entry._replace(arch=alias, reason=reason)
                 if alias in since and version is not None and not in_range(f">={since[alias]}", version):
-                    reason += (
-                        f"; {alias} itself is verified from {since[alias]} only (its tiny model builds there)"
-                    )
-                    alias_entry = alias_entry._replace(reason=reason, support=OUTSIDE)
+                    reason += f"; {alias} is unverified before {since[alias]} (its tiny model builds there)"
+                    alias_entry = alias_entry._replace(reason=reason, support=UNVERIFIED)
                 entries.append(alias_entry)
         entries += [AdapterStatus(u.arch, "", "", u.verdict, u.reason, "") for u in _undeclared.values()]
-        return Status(str(version) if version else None, tuple(entries), "; ".join(_applied_by))
+        pinned = any(state.pin.pinned for state in _states.values())
+        how = "; ".join(_applied_by) or ("hfpatch.apply() in this program" if pinned else "")
+        return Status(str(version) if version else None, tuple(entries), how)
 
 
 def applied_by(how: str) -> None:
@@ -368,33 +359,43 @@ def applied_by(how: str) -> None:
         _applied_by.append(how)
 
 
-def _adapter_status(name: str, adapter: Adapter, version: Any) -> AdapterStatus:
-    state = _states[name]
+def _adapter_status(state: _State, version: Any) -> AdapterStatus:
+    adapter = state.adapter
     verdict = support(adapter, version)
-    here = (THREADS.overrides or {}).get(name)  # this thread's patched()/unpatched() choice, if any
-    if state.patch is not None and (state.pinned if here is None else here):
+    if state.forced and not verdict.patchable:
+        verdict = Support(verdict.level, f"patched with apply(..., ignore_ranges=True); {verdict.reason}")
+    here = (CALL.overrides or {}).get(adapter.arch)  # this thread's patched()/unpatched() choice, if any
+    if state.installed and (state.pin.pinned if here is None else here):
         entry = (APPLIED, verdict.reason)
     elif state.skip_reason is not None:
         entry = (SKIPPED, state.skip_reason)
     elif here is False:
         entry = (NOT_APPLIED, "stock in this thread: inside hfpatch.unpatched()")
-    elif state.wanted and state.patch is None:
+    elif state.wanted and not state.installed:
         entry = (WAITING, f"patched when {adapter.module} is imported; {verdict.reason}")
-    elif state.patch is not None:
+    elif state.installed:
         entry = (NOT_APPLIED, "patched only inside other threads' hfpatch.patched() blocks")
     else:
         entry = (NOT_APPLIED, "hfpatch.apply() has not been called (or revert() was)")
-    return AdapterStatus(name, adapter.target, adapter.versions, *entry, verdict.level)
+    return AdapterStatus(adapter.arch, adapter.target, adapter.versions, *entry, verdict.level)
 
 
 def select(archs: Archs) -> list[str]:
     """Adapter names for ``archs`` (model types; an alias selects its adapter); ``None``: every one.
-    ``ValueError`` for a model type hfpatch does not patch, with the reason or the nearest names."""
+    ``TypeError`` for anything but a string or an iterable of them, ``ValueError`` for none, or for a
+    model type hfpatch does not patch, with the reason or the nearest names."""
     if archs is None:
         return list(_registry)
-    names = [archs] if isinstance(archs, str) else list(archs)
+    if isinstance(archs, str):
+        names = [archs]
+    elif isinstance(archs, Iterable) and not isinstance(archs, (bytes, Mapping)):
+        names = list(archs)
+    else:
+        raise TypeError(f"archs: expected a model type, a list of them, or None; got {type(archs).__name__}")
     if not all(isinstance(n, str) for n in names):
-        raise TypeError(f"archs: expected a model type or a list of them, got {archs!r}")
+        raise TypeError(f"archs: expected model types (strings), got {archs!r}")
+    if not names:
+        raise ValueError("archs: an empty list names no model type (None means every one)")
     not_patched = [
         f"{n} ({_undeclared[n].verdict}: {_undeclared[n].reason})" for n in names if n in _undeclared
     ]
@@ -403,166 +404,73 @@ def select(archs: Archs) -> list[str]:
     unknown = [n for n in names if n not in _registry and n not in _aliases]
     if unknown:
         known = [*_registry, *_aliases, *_undeclared]
-        hints = [
-            f"{n!r}" + (f" (did you mean {' or '.join(close)}?)" if close else "")
-            for n in unknown
-            for close in [difflib.get_close_matches(n, known, n=3)]
-        ]
+        hints = [f"{n!r}{_nearest(n, known)}" for n in unknown]
         raise ValueError(f"archs: unknown model type {', '.join(hints)}; hfpatch.status() lists every one")
     return list(dict.fromkeys(_aliases.get(n, n) for n in names))
+
+
+def _nearest(name: str, known: list[str]) -> str:
+    """`` (did you mean a or b?)`` for the known names closest to ``name`` (ignoring case), or ``""``."""
+    lower = {k.lower(): k for k in known}
+    close = [lower[c] for c in difflib.get_close_matches(name.lower(), list(lower), n=3)]
+    return f" (did you mean {' or '.join(close)}?)" if close else ""
 
 
 def _hook(name: str) -> Callable[[Any], None]:
     def on_import(module: Any) -> None:
         with _lock:
             state = _states[name]
-            if state.wanted and state.patch is None:
-                _install(_registry[name], state, module)
+            if state.wanted and not state.installed:
+                _rebind_hooked(_install(state, module))
 
     return on_import
 
 
-def _install(adapter: Adapter, state: _State, module: Any) -> None:
-    """Patch ``adapter``'s class in ``module``, or record why not (and stop wanting it). Never raises."""
-    if state.patch is not None:
-        return
-    owner = getattr(module, adapter.cls, None)
-    original = getattr(owner, "__dict__", {}).get("forward")
-    reason = None
-    if owner is None or original is None:
-        reason = f"{adapter.target} not found in this transformers release"
-    elif getattr(original, "__hfpatch_adapter__", None) is not None:
-        reason = f"{adapter.target} is already an hfpatch patch (two hfpatch copies imported?)"
-    else:
+def _install(state: _State, module: Any) -> list[Patch]:
+    """Patch ``state``'s adapter in ``module``, or record why not (and stop wanting it). Never raises.
+    The rows are built the first time and reused, unless a class changed since (then built again)."""
+    if state.installed:
+        return []
+    if not state.rows or _ledger.stale(state.rows):
+        from .build import build  # imports torch: only now, when transformers has loaded it anyway
+
         try:
-            plan = read_plan(adapter, original, owner)
-            companions = _companions(adapter, state, module)
+            state.rows = build(state.adapter, module, state.pin)
         except TypeError as exc:
-            reason = str(exc)
-    if reason is not None:
-        state.skip_reason = reason
-        state.pinned = False
-        state.holders.clear()
-        return
-    from .caches import remember_requested_lengths
-    from .forward import make_forward  # imports torch: only now, when transformers has loaded it anyway
-
-    state.owner, state.original, state.patch = owner, original, make_forward(adapter, original, plan, state)
+            state.skip_reason = str(exc)
+            state.pin.pinned = state.forced = False
+            state.holders.clear()
+            return []
+    state.installed = True
     state.skip_reason = None
-    _install_rotary(module, adapter.arch)
-    remember_requested_lengths(True)
-    if plan.eager_mask_attr is not None:
-        name = plan.eager_mask_attr
-        state.switch = (name, owner.__dict__.get(name))
-        type.__setattr__(owner, name, SdpaSwitch(name))
-    type.__setattr__(owner, "forward", state.patch)
-    _swapped[original] = state.patch
-    for cls, name, before, patch in companions:
-        type.__setattr__(cls, name, patch)
-        if name == "forward":
-            _swapped[before] = patch
-    state.companions = companions
-
-
-def _companions(adapter: Adapter, state: _State, module: Any) -> list[tuple[type, str, Callable, Callable]]:
-    """The other classes of ``module`` patched with ``adapter`` (not installed yet): its ``also``
-    classes (a seq2seq model's encoder: the same patched forward) and its ``receiver`` (the module that
-    takes handed positions, :mod:`hfpatch.decoders`). ``TypeError`` saying what is missing."""
-    from .decoders import patch_receiver
-    from .forward import make_forward
-
-    found = []
-    for name in adapter.also:
-        cls = getattr(module, name, None)
-        before = getattr(cls, "__dict__", {}).get("forward")
-        if before is None:
-            raise TypeError(f"{module.__name__}:{name}.forward not found in this transformers release")
-        plan = read_plan(adapter._replace(cls=name), before, cls)
-        found.append((cls, "forward", before, make_forward(adapter._replace(cls=name), before, plan, state)))
-    if adapter.receiver is not None:
-        cls = getattr(module, adapter.receiver, None)
-        receiver = patch_receiver(cls, adapter.family.hands_to) if isinstance(cls, type) else None
-        if receiver is None:
-            raise TypeError(f"{module.__name__}:{adapter.receiver} not found in this transformers release")
-        found.append((cls, *receiver))
-    return found
+    return _ledger.install(state.pin, state.rows)
 
 
 def _uninstall(state: _State) -> None:
-    """Restore the original unless someone replaced our patch after us (then theirs stays)."""
-    if state.patch is not None:
-        if state.owner.__dict__.get("forward") is state.patch:
-            type.__setattr__(state.owner, "forward", state.original)
-            _swapped[state.patch] = state.original
-        _uninstall_rotary(state.owner.__module__, state.name)
-        for cls, name, before, patch in state.companions:
-            if cls.__dict__.get(name) is patch:
-                type.__setattr__(cls, name, before)
-                if name == "forward":
-                    _swapped[patch] = before
-        state.companions = []
-        if state.switch is not None:
-            name, before = state.switch
-            if before is None:
-                type.__delattr__(state.owner, name)
-            else:
-                type.__setattr__(state.owner, name, before)
-        state.owner = state.original = state.patch = state.switch = None
-        if all(other.patch is None for other in _states.values()):
-            from .caches import remember_requested_lengths
-
-            remember_requested_lengths(False)
-
-
-def _install_rotary(module: Any, arch: str) -> None:
-    """Per-row rope scaling for the rotary classes of ``module`` (:mod:`hfpatch.rope`), patched once
-    while an adapter of it is installed, and active in a call where one of them is."""
-    from .forward import patched_here
-    from .rope import patch_rotary_classes, per_row_forward
-
-    entry = _rotary.get(module.__name__)
-    if entry is not None:
-        entry[0].add(arch)
-        return
-    users: set[str] = {arch}
-
-    def active() -> bool:
-        return any(patched_here(name, _states[name]) for name in users)
-
-    _rotary[module.__name__] = (
-        users,
-        patch_rotary_classes(module, lambda f, raw: per_row_forward(f, raw, active)),
-    )
-
-
-def _uninstall_rotary(module_name: str, arch: str) -> None:
-    entry = _rotary.get(module_name)
-    if entry is None:
-        return
-    users, classes = entry
-    users.discard(arch)
-    if users:
-        return
-    for cls, forward in classes:
-        if getattr(cls.__dict__.get("forward"), "__hfpatch_rope__", False):
-            type.__setattr__(cls, "forward", forward)
-    del _rotary[module_name]
+    """Undo ``state``'s rows (a row shared with another installed adapter stays; one someone replaced
+    after us stays theirs)."""
+    if state.installed:
+        _ledger.revert(state.pin, state.rows)
+        state.installed = False
 
 
 HOOK_ATTRIBUTES = ("_old_forward", "forward")  # accelerate's add_hook_to_module / remove_hook_from_module
 
 
-def _rebind_hooked() -> None:
-    """Model instances that captured a class's ``forward`` before hfpatch changed it follow the class.
+def _rebind_hooked(installed: list[Patch]) -> None:
+    """Model instances that captured a class's original ``forward`` before hfpatch replaced it follow
+    the class.
 
     accelerate's ``add_hook_to_module`` keeps ``module._old_forward``, a method bound to the class's
     function of that moment, and ``remove_hook_from_module`` puts it back as the instance's own
-    ``forward``: a class patch alone would not reach those instances. Such bound methods are found
-    with one pass over the garbage collector's objects (about 50 ms for a process with a few million
-    objects), made only when ``accelerate.hooks`` has been imported: without it, nothing captures
-    ``forward`` this way, and ``apply()`` stays cheap."""
-    swapped = dict(_swapped)
-    _swapped.clear()
+    ``forward``: a class patch alone would not reach those instances. They are rebound to hfpatch's
+    forward, which runs the original itself wherever hfpatch is not applied (so nothing rebinds them
+    back at ``revert()``, and the same function is installed again later). Found with one pass over the
+    garbage collector's objects (about 50 ms for a process with a few million objects), made when
+    ``apply()`` (or a module's import) installs a forward, or the first ``patched()`` block of an adapter
+    does, and only once ``accelerate.hooks`` has been imported: without it, nothing captures ``forward``
+    this way."""
+    swapped = {row.original: row.replacement for row in installed if row.attribute == "forward"}
     if not swapped or "accelerate.hooks" not in sys.modules:
         return
     import gc

@@ -35,13 +35,15 @@ from typing import Any, Callable, Optional, Union
 import torch
 
 from . import caches
+from ._compat import CACHE_NAMES
+from ._context import CALL, Pin
+from .declarations import Adapter
 from .decoders import call_with_positions
-from .engine import THREADS
-from .plans import CACHE_NAMES, NO_SLOTS, SLOTS, SLOTS_REMOVED, Plan
+from .plans import NO_SLOTS, SLOTS, SLOTS_REMOVED, Plan
 from .positions import cache_positions, new_token_positions
 from .windows import apply_windows
 
-__all__ = ["make_forward", "patched_here"]
+__all__ = ["make_forward"]
 
 Past = Union[int, torch.Tensor]  # cached tokens before this call: an int, or a 0-d tensor (static caches)
 # what a filler derived positions from: (the 2-D mask, new tokens, where they start: an int (the mask's
@@ -49,11 +51,12 @@ Past = Union[int, torch.Tensor]  # cached tokens before this call: an int, or a 
 Derived = Optional[tuple[torch.Tensor, int, Union[int, torch.Tensor]]]
 
 
-def make_forward(adapter: Any, original: Callable, plan: Plan, switch: Any) -> Callable:
+def make_forward(adapter: Adapter, original: Callable, plan: Plan, pin: Pin) -> Callable:
     """Build the plain function installed as ``adapter``'s ``forward`` (no wrapt proxy: dynamo needs it).
 
-    ``switch.pinned``: whether ``apply()`` holds the patch process-wide; in eager mode a thread's own
-    ``patched()`` / ``unpatched()`` blocks decide for that thread (:data:`hfpatch.engine.THREADS`)."""
+    ``pin.pinned``: whether ``apply()`` holds the patch process-wide; in eager mode a thread's own
+    ``patched()`` / ``unpatched()`` blocks decide for that thread (:data:`hfpatch._context.CALL`);
+    compiled code is always patched (it is traced once, with what is installed)."""
     arch, fill, cache_kw, eager_mask, window = (
         adapter.arch,
         FILLERS[plan.era],
@@ -62,15 +65,21 @@ def make_forward(adapter: Any, original: Callable, plan: Plan, switch: Any) -> C
         plan.window,
     )
     family = adapter.family if adapter.family.hands_to is not None else None  # its forward takes no positions
+    # explicit position_ids leave nothing to derive (4.38-5.3: unless a static cache's slots are missing)
+    passes_explicit = plan.era != SLOTS
+    is_compiling = torch.compiler.is_compiling
 
     @functools.wraps(original)  # keeps __wrapped__, so inspect.signature shows the original parameters
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not patched_here(arch, switch):
+        overrides = CALL.overrides
+        if not (pin.pinned if overrides is None else overrides.get(arch, pin.pinned)) and not is_compiling():
             return original(self, *args, **kwargs)
         if args:
             _bind_positional(adapter, plan, args, kwargs)
         cache = _take_cache(plan, kwargs) if cache_kw is not None else None
-        if eager_mask is not None and not torch.compiler.is_compiling() and _continues_a_prefix(kwargs):
+        if passes_explicit and kwargs.get("position_ids") is not None and "cache_position" not in kwargs:
+            return original(self, **kwargs)
+        if eager_mask is not None and not is_compiling() and _continues_a_prefix(kwargs):
             fill(self, plan, kwargs, cache)
             return _with_eager_mask(original, self, kwargs)
         derived = fill(self, plan, kwargs, cache)
@@ -84,15 +93,6 @@ def make_forward(adapter: Any, original: Callable, plan: Plan, switch: Any) -> C
     return forward
 
 
-def patched_here(arch: str, switch: Any) -> bool:
-    """Whether this call gets the patch: compiled code always (it is traced once, with what is
-    installed); in eager mode, this thread's ``patched()``/``unpatched()`` choice, else ``apply()``'s."""
-    if torch.compiler.is_compiling():
-        return True
-    overrides = THREADS.overrides
-    return switch.pinned if overrides is None else overrides.get(arch, switch.pinned)
-
-
 def _continues_a_prefix(kwargs: dict) -> bool:
     """Positions to derive for several new tokens after a cached prefix: the calls 4.36-4.37's SDPA
     mask code (``_unmask_unattended``) gets wrong (``Adapter.eager_mask``)."""
@@ -102,15 +102,15 @@ def _continues_a_prefix(kwargs: dict) -> bool:
 
 def _with_eager_mask(original: Callable, model: Any, kwargs: dict) -> Any:
     """Call ``original`` with the model's SDPA switch reading False in this thread (see
-    :class:`hfpatch.engine.SdpaSwitch`), so that transformers builds its eager 4-D mask."""
-    THREADS.eager_mask = True
+    :class:`hfpatch._context.SdpaSwitch`), so that transformers builds its eager 4-D mask."""
+    CALL.eager_mask = True
     try:
         return original(model, **kwargs)
     finally:
-        THREADS.eager_mask = False
+        CALL.eager_mask = False
 
 
-def _bind_positional(adapter: Any, plan: Plan, args: tuple, kwargs: dict) -> None:
+def _bind_positional(adapter: Adapter, plan: Plan, args: tuple, kwargs: dict) -> None:
     if len(args) > len(plan.positional):
         raise TypeError(
             f"{adapter.cls}.forward() takes {len(plan.positional)} positional arguments after self "
@@ -142,13 +142,21 @@ def _take_cache(plan: Plan, kwargs: dict) -> Any:
 
 
 def fill_positions(model: Any, plan: Plan, kwargs: dict, cache: Any) -> Derived:
-    """Releases without ``cache_position`` (and the growing caches of every release): positions only."""
-    mask = _mask_to_read(kwargs)
-    tokens = _inputs(kwargs, plan.ids_rank) if mask is not None else None
+    """Releases without ``cache_position`` (and the growing caches of every release): positions only.
+    The checks of :func:`_mask_to_read` and :func:`_inputs`, written out: this runs at every step."""
+    mask = kwargs.get("attention_mask")
+    if kwargs.get("position_ids") is not None or not isinstance(mask, torch.Tensor) or mask.dim() == 4:
+        return None
+    tokens, rank = kwargs.get("input_ids"), plan.ids_rank
     if tokens is None:
+        tokens, rank = kwargs.get("inputs_embeds"), 3
+    if tokens is None or tokens.dim() != rank:
         return None
     num_new, mask_len = tokens.shape[1], _checked_length(mask, tokens)
     past = _past(cache, num_new, mask_len, strict=True)
+    if type(past) is int and mask_len == past + num_new:  # the usual mask: past + new tokens
+        kwargs["position_ids"] = new_token_positions(mask, num_new)
+        return mask, num_new, past
     where = _where_new(num_new, past, mask_len)
     kwargs["position_ids"] = new_token_positions(mask, num_new, where)
     return mask, num_new, past if where is None else where
@@ -264,16 +272,15 @@ def _inputs(kwargs: dict, rank: int = 2) -> Optional[torch.Tensor]:
 
 def _checked_length(mask: torch.Tensor, tokens: torch.Tensor) -> int:
     """The mask's length, after checking that it is 2-D and has the inputs' batch size."""
-    if mask.dim() != 2:
+    shape = mask.shape
+    if len(shape) != 2:
         raise ValueError(
             "attention_mask must be 2-D [batch, past + new tokens] (or a 4-D custom mask), "
-            f"got shape {tuple(mask.shape)}"
+            f"got shape {tuple(shape)}"
         )
-    if mask.shape[0] != tokens.shape[0]:
-        raise ValueError(
-            f"attention_mask has batch size {mask.shape[0]}, but the inputs have {tokens.shape[0]}"
-        )
-    return mask.shape[1]
+    if shape[0] != tokens.shape[0]:
+        raise ValueError(f"attention_mask has batch size {shape[0]}, but the inputs have {tokens.shape[0]}")
+    return shape[1]
 
 
 def _past(cache: Any, num_new: int, mask_len: Optional[int], strict: bool) -> Past:
@@ -284,9 +291,10 @@ def _past(cache: Any, num_new: int, mask_len: Optional[int], strict: bool) -> Pa
         return _static_past(cache, size, num_new, mask_len, strict)
     past = caches.past_length(cache)
     if strict and mask_len != past + num_new:
+        new = "1 is" if num_new == 1 else f"{num_new} are"
         raise ValueError(
-            f"attention_mask has {mask_len} columns, but the cache holds {past} tokens and {num_new} "
-            f"are new: expected {past + num_new} (past + new tokens)"
+            f"attention_mask has {mask_len} columns, but the cache holds {past} tokens and {new} new: "
+            f"expected {past + num_new} (past + new tokens)"
         )
     return past
 

@@ -46,6 +46,8 @@ def read_environment(environ: Mapping[str, str]) -> Optional[list[str]]:
     if environ.get(DISABLED_VARIABLE, "").strip().lower() in TRUE:
         return None
     names = [name.strip() for name in environ.get(ARCHS_VARIABLE, "").split(",") if name.strip()]
+    if not names:
+        return names
     try:
         engine.select(names)
     except ValueError as exc:

@@ -16,11 +16,13 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable, NamedTuple, Optional
 
+from ._compat import CACHE_NAMES, attaches_static_caches
+from .declarations import Adapter
 from .support import in_range, installed_transformers
+from .windows import window_plan
 
-__all__ = ["CACHE_NAMES", "NO_SLOTS", "SLOTS", "SLOTS_REMOVED", "Plan", "attaches_static_caches", "read_plan"]
+__all__ = ["NO_SLOTS", "SLOTS", "SLOTS_REMOVED", "Plan", "read_plan"]
 
-CACHE_NAMES = ("cache", "past_key_values")  # 5.24 renamed past_key_values -> cache
 REQUIRED = ("input_ids", "attention_mask", "position_ids", "inputs_embeds")
 
 NO_SLOTS = "no cache_position"
@@ -41,14 +43,7 @@ class Plan(NamedTuple):
     ids_rank: int = 2  # ``Family.ids_rank``: 3 for audio codes ``[batch, tokens, channels]``
 
 
-def attaches_static_caches(model: Any) -> bool:
-    """transformers 4.38-4.40: a static cache lives on the attention layers (``model._setup_cache``);
-    a ``StaticCache`` object passed as the cache argument is broken there (every layer writes one
-    buffer). ``model``: a model instance or class."""
-    return hasattr(model, "_setup_cache")
-
-
-def read_plan(adapter: Any, forward: Callable, owner: Optional[type] = None) -> Plan:
+def read_plan(adapter: Adapter, forward: Callable, owner: Optional[type] = None) -> Plan:
     """Read ``forward``'s signature (``owner``: its class); ``TypeError`` saying what is missing if it is
     not the expected one."""
     try:
@@ -79,8 +74,6 @@ def read_plan(adapter: Any, forward: Callable, owner: Optional[type] = None) -> 
     cache_kw = next((name for name in CACHE_NAMES if name in names), None)
     family = adapter.family
     attached = family.attached_cache if era == SLOTS and attaches_static_caches(owner) else None
-    from .windows import window_plan  # imports torch: only here, at install
-
     return Plan(
         positional=tuple(p.name for p in params[1:] if p.kind in positional_kinds),
         cache_kw=cache_kw,

@@ -35,22 +35,21 @@ from typing import Any, Callable, Optional
 
 import torch
 
-try:  # at import, not in a call: dynamo cannot trace an import from transformers' lazy module
-    from transformers import modeling_rope_utils
-except ImportError:  # before 4.43
-    modeling_rope_utils = None
+from ._compat import modeling_rope_utils
+from ._context import Users
 
 __all__ = [
     "DYNAMIC",
     "LONGROPE",
-    "patch_rotary_classes",
+    "per_row_forward",
     "per_row_scaling",
+    "rotary_classes",
     "scaled_rope",
     "scaled_rope_kind",
 ]
 
 LONGROPE, DYNAMIC = "longrope", "dynamic"
-_LOCK = threading.RLock()
+_LOCK = threading.RLock()  # around a swap of a module's frequencies (eager mode)
 _TENSOR_NTK: dict = {}  # whether the release's NTK function takes a tensor length (4.56+), read once
 
 
@@ -83,35 +82,40 @@ def per_row_scaling(kind: str) -> bool:
     return _decorator_code() is not None and (kind != DYNAMIC or _ntk_takes_tensors())
 
 
-def patch_rotary_classes(module: Any, make: Callable[[Callable], Callable]) -> list[tuple[type, Callable]]:
-    """Replace the ``forward`` of every rotary class defined in ``module`` that transformers wraps in
-    ``dynamic_rope_update``; ``make(forward)`` builds the replacement. Returns (class, original) pairs."""
+def rotary_classes(module: Any) -> list[tuple[type, Callable, Callable]]:
+    """Every rotary class defined in ``module`` whose ``forward`` transformers wraps in
+    ``dynamic_rope_update``: (class, its own ``forward``, the undecorated one)."""
     code = _decorator_code()
-    done = []
+    found = []
     for value in list(vars(module).values()):
         if not (isinstance(value, type) and value.__module__ == module.__name__):
             continue
         original = vars(value).get("forward")
         raw = _undecorated(original, code)
-        if raw is None:
-            continue
-        type.__setattr__(value, "forward", make(original, raw))
-        done.append((value, original))
-    return done
+        if raw is not None:
+            found.append((value, original, raw))
+    return found
 
 
-def per_row_forward(original: Callable, raw: Callable, active: Callable[[], bool]) -> Callable:
-    """The replacement rotary ``forward``: per-row scaling for longrope and dynamic NTK while
-    ``active()`` (the adapter's switch in this thread), the original otherwise."""
+def per_row_forward(original: Callable, raw: Callable, users: Users) -> Callable:
+    """The replacement rotary ``forward``: per-row scaling for longrope and dynamic NTK in a call where
+    an adapter of its module (``users``) is patched (compiled code: always), the original otherwise."""
     broadcasts = _broadcasts(raw)  # read once, here: inspect cannot run under dynamo
     ntk_takes_tensors = _ntk_takes_tensors()
 
     @functools.wraps(original)
     def forward(self: Any, x: torch.Tensor, position_ids: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        rope_type = self.rope_type
+        if (
+            type(rope_type) is str and rope_type != LONGROPE and DYNAMIC not in rope_type
+        ):  # most calls: at once
+            return original(self, x, position_ids, *args, **kwargs)
         layer_type = kwargs.get("layer_type", args[0] if args else None)
-        rope_type = self.rope_type if layer_type is None else self.rope_type[layer_type]
+        rope_type = rope_type if layer_type is None else rope_type[layer_type]
         kind = scaled_rope_kind(rope_type)
-        if kind is None or (kind == DYNAMIC and not ntk_takes_tensors) or not active():
+        if kind is None or (kind == DYNAMIC and not ntk_takes_tensors):
+            return original(self, x, position_ids, *args, **kwargs)
+        if not torch.compiler.is_compiling() and not users.any_patched_here():
             return original(self, x, position_ids, *args, **kwargs)
         lengths = _row_lengths(position_ids)
         prefix = "" if layer_type is None else f"{layer_type}_"

@@ -1,8 +1,9 @@
 """Release policy: which transformers releases an adapter may patch, and why.
 
 An adapter is tested from its ``since`` release through :data:`NEWEST_TESTED` (the upper end of every
-range, stated here once), less the releases it declares known-bad. Newer releases are patched when the
-target's signature still matches, with a warning; older ones never.
+range, stated here once), less the releases it declares known-bad (measured wrong there) or unverified
+(no evidence either way). Newer releases are patched when the target's signature still matches, with a
+warning; older ones, known-bad and unverified ones only with ``apply(..., ignore_ranges=True)``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ __all__ = [
     "OUTSIDE",
     "TESTED",
     "UNTESTED_NEWER",
+    "UNVERIFIED",
     "Support",
     "in_range",
     "installed_transformers",
@@ -34,6 +36,7 @@ NEWEST_TESTED = "5.24.0"  # the newest release of the compat matrix: the upper e
 TESTED = "tested"
 UNTESTED_NEWER = "untested newer"
 KNOWN_BAD = "known-bad"
+UNVERIFIED = "unverified"
 OUTSIDE = "outside"
 
 
@@ -73,7 +76,8 @@ def _version(text: str) -> Version:
 
 class Support(NamedTuple):
     """What hfpatch knows of an adapter on a release: ``tested``, ``untested newer`` (patched, with a
-    warning), ``known-bad`` or ``outside`` (both never patched), and why."""
+    warning), ``known-bad`` (measured wrong there), ``unverified`` (no evidence) or ``outside`` (the
+    last three patched only with ``apply(..., ignore_ranges=True)``), and why."""
 
     level: str
     reason: str
@@ -91,6 +95,13 @@ def support(adapter: Any, version: Optional[Version]) -> Support:
         if in_range(spec, version):
             return Support(
                 KNOWN_BAD, f"transformers {version} is known-bad for {adapter.arch} ({spec}): {why}"
+            )
+    for spec, why in adapter.unverified:
+        if in_range(spec, version):
+            return Support(
+                UNVERIFIED,
+                f"transformers {version} is unverified for {adapter.arch} ({spec}): {why}; "
+                "apply(..., ignore_ranges=True) patches it anyway",
             )
     notes = "".join(f"; {note}" for spec, note in adapter.family.notes if in_range(spec, version))
     if in_range(adapter.versions, version):

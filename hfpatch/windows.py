@@ -28,7 +28,7 @@ from typing import Any, NamedTuple, Optional, Union
 import torch
 
 from . import caches
-from .caches import cache_utils
+from ._compat import cache_utils
 from .positions import cache_positions, window_mask
 
 __all__ = ["WindowPlan", "apply_windows", "configured_window", "positional", "smallest_window", "window_plan"]

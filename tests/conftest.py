@@ -19,10 +19,12 @@ from hypothesis import HealthCheck, settings
 
 import hfpatch
 from hfpatch import engine
-from hfpatch.plans import Plan, attaches_static_caches, read_plan
-from hfpatch.support import TESTED, Support, installed_transformers, release_has, support
-from hfpatch.tiny import FLAGSHIPS, tiny_model
+from hfpatch._compat import attaches_static_caches
+from hfpatch.plans import Plan, read_plan
+from hfpatch.support import installed_transformers, release_has, support
+from hfpatch.verification.tiny import tiny_model
 
+from expectations import FLAGSHIPS
 from harness import cache_kwarg, static_cache
 
 settings.register_profile(
@@ -93,32 +95,12 @@ def pytest_configure(config: pytest.Config) -> None:
 _PROBING: set[str] = set()  # the adapters this test patches outside their ranges (require_covered)
 
 
-@pytest.fixture(autouse=True, scope="session")
-def _outside_ranges() -> Iterator[None]:
-    """Under ``--outside-ranges`` (the release probe: the evidence for the ranges), the adapter a test
-    asks for (:func:`require_covered`) is patched wherever the release ships its class, in its declared
-    range or not: ``apply()`` and ``verify()`` read this support while the test runs. One adapter at a
-    time, so that one that cannot install on a release fails its own tests only."""
-    if not OUTSIDE_RANGES:
-        yield
-        return
-    declared = engine.support
-
-    def probed(adapter: Any, version: Any) -> Support:
-        verdict = declared(adapter, version)
-        if verdict.patchable or adapter.arch not in _PROBING or not release_has(adapter):
-            return verdict
-        return Support(TESTED, "probed outside its range")
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(engine, "support", probed)
-        yield
-
-
 @pytest.fixture(autouse=True)
 def _probing_ends() -> Iterator[None]:
     yield
-    _PROBING.clear()
+    if _PROBING:  # patched with ignore_ranges=True for the test: back to what the declarations say
+        hfpatch.revert(sorted(_PROBING))
+        _PROBING.clear()
 
 
 def probed_here(arch: str) -> bool:
@@ -128,13 +110,15 @@ def probed_here(arch: str) -> bool:
 
 
 def require_covered(arch: str) -> None:
-    """Skip unless ``arch`` runs patched on this release (:func:`probed_here`); outside its range, patch
-    it for this test."""
+    """Skip unless ``arch`` runs patched on this release (:func:`probed_here`). Under ``--outside-ranges``
+    (the release probe: the evidence for the ranges), an adapter outside its range is patched for this
+    test with the switch users have for it, ``apply(arch, ignore_ranges=True)``: one adapter at a time,
+    so that one that cannot install on a release fails its own tests only."""
     if not probed_here(arch):
         pytest.skip(arch_skip_reason(arch))
     if arch_skip_reason(arch) is not None:
         _PROBING.add(arch)
-        hfpatch.apply(arch)
+        hfpatch.apply(arch, ignore_ranges=True)
 
 
 @functools.cache

@@ -7,15 +7,14 @@ Reference: the same row run alone, unpadded, in one call, on stock transformers.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from typing import Any, Optional
 
 import torch
 
 import hfpatch
-from hfpatch.tiny import PAD, VOCAB
-from hfpatch.verification import TOLERANCE, WRONG, new_static_cache
+from hfpatch._compat import cache_name, new_static_cache, output_cache
+from hfpatch.verification.tiny import PAD, VOCAB
 
 __all__ = [
     "PAD",
@@ -33,21 +32,10 @@ __all__ = [
     "worker_script",
 ]
 
+TOLERANCE = 1e-5  # the invariant: every real token within this of its row run alone (fp32)
+WRONG = 1e-3  # a difference above this is a wrong result, not float noise
 static_cache = new_static_cache  # StaticCache's constructor across releases
-
-
-def cache_kwarg(model: Any) -> Optional[str]:
-    """``cache`` (5.24+), ``past_key_values``, or ``None`` for a model without a KV cache."""
-    params = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in params else "past_key_values" if "past_key_values" in params else None
-
-
-def output_cache(output: Any) -> Any:
-    """The cache a call returned (``.cache`` from 5.24, ``.past_key_values`` before)."""
-    for key in ("cache", "past_key_values"):
-        if key in output.keys():
-            return output[key]
-    return None
+cache_kwarg = cache_name  # the cache argument's name: "cache" (5.24+), "past_key_values", or None
 
 
 def random_rows(lengths: Sequence[int], seed: int = 0) -> list[list[int]]:
@@ -136,7 +124,7 @@ def random_case(rng: Any, max_batch: int = 3, max_calls: int = 3, max_new: int =
 SCRIPT_18104 = """
 def error_18104(model_type):
     import torch
-    from hfpatch.tiny import tiny_model
+    from hfpatch.verification.tiny import tiny_model
     model = tiny_model(model_type)
     a, b = [5, 6, 7, 8], [9, 10, 11, 12, 13]
     with torch.no_grad():
@@ -160,7 +148,7 @@ def scaled_rope_model(model_type: str, kind: str, attention: Optional[str] = Non
     import transformers
     from packaging.version import Version
 
-    from hfpatch.tiny import tiny_config
+    from hfpatch.verification.tiny import tiny_config
 
     config = tiny_config(model_type)
     fields = config.to_dict()

@@ -14,9 +14,10 @@ import torch
 
 import hfpatch
 from hfpatch import cli
-from hfpatch.tiny import FLAGSHIPS, tiny_model
+from hfpatch.verification.tiny import tiny_model
 
 from conftest import REGISTRY, TF, arch_skip_reason
+from expectations import ABSOLUTE
 from harness import PAD, TOLERANCE, WRONG, random_rows, run_alone
 
 
@@ -172,7 +173,7 @@ def test_unpatched_restores_exactly_the_state_found(two):
     assert not _patched(arch) and _patched(other), "the block's hold and the pin came back, each its own"
 
 
-ARCH = next(a for a in FLAGSHIPS if REGISTRY[a].family.left_padding_wrong_on_stock)  # gpt2: absolute
+ARCH = ABSOLUTE  # gpt2: absolute
 
 
 def test_a_serving_thread_stays_exact_while_others_compare_with_stock(capsys):

@@ -10,7 +10,8 @@ import torch
 from packaging.version import Version
 from torch._dynamo.testing import CompileCounter
 
-from hfpatch.plans import SLOTS, SLOTS_REMOVED, attaches_static_caches
+from hfpatch._compat import attaches_static_caches
+from hfpatch.plans import SLOTS, SLOTS_REMOVED
 
 from conftest import TF, cache_object_skip_reason, make_dynamic_cache, plan, static_cache_skip_reason, stock
 from harness import (

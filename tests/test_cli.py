@@ -11,10 +11,13 @@ import sys
 import pytest
 
 import hfpatch
-from hfpatch.tiny import FLAGSHIPS, tiny_model, tiny_multimodal, tiny_seq2seq
+from hfpatch.cli import DOCTOR_MODELS
+from hfpatch.verification.tiny import tiny_model, tiny_multimodal, tiny_seq2seq
 from hfpatch.windows import positional
 
 from conftest import TF, arch_skip_reason
+from expectations import ABSOLUTE, FLAGSHIPS
+from harness import TOLERANCE, WRONG
 
 
 def _run(*args, env=None):
@@ -37,16 +40,31 @@ def _one_line_error(result, code):
 
 
 def test_doctor_shows_bug_and_fix():
+    """The doctor says what it knows, why stock is wrong for each kind of model, and shows both kinds:
+    GPT-2 (absolute positions) wrong on stock with left padding in one call, Llama (rotary) right there
+    but wrong with holes; hfpatch exact on every row."""
     result = _run()
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "decoder-only model types known" in result.stdout
+    assert "model types (decoder-only, encoder-decoder, vision-language)" in result.stdout
+    assert "Absolute positions" in result.stdout and "Rotary positions" in result.stdout, result.stdout
     verdicts = {line.split(":")[0]: line for line in result.stdout.splitlines() if ": " in line}
-    for arch in FLAGSHIPS:
+    for arch in DOCTOR_MODELS:
         assert arch in verdicts, f"the doctor says nothing of {arch}:\n{result.stdout}"
         if arch_skip_reason(arch):
             assert verdicts[arch].startswith(f"{arch}: not checked"), verdicts[arch]
         else:
             assert verdicts[arch].startswith(f"{arch}: fixed by hfpatch"), result.stdout
+    rows = {}
+    for line in result.stdout.splitlines():
+        if line.startswith(f"{ABSOLUTE}: ") or line.startswith("llama: "):
+            current = line.split(":")[0]
+        elif line.strip().startswith(("left padding, one call", "right-padded prefix + 1 token")):
+            name = "left" if "left padding" in line else "holes"
+            rows[current, name] = [float(x) for x in line.split()[-2:]]
+    if not arch_skip_reason(ABSOLUTE) and not arch_skip_reason("llama"):
+        assert rows[ABSOLUTE, "left"][0] > WRONG and rows["llama", "left"][0] <= TOLERANCE, rows
+        assert rows["llama", "holes"][0] > WRONG, rows
+        assert all(patched <= TOLERANCE for _, patched in rows.values()), rows
 
 
 def test_verify_a_checkpoint_directory(tmp_path):

@@ -14,7 +14,8 @@ from packaging.version import Version
 
 import hfpatch
 from hfpatch.support import KNOWN_BAD, NEWEST_TESTED, TESTED, support
-from hfpatch.tiny import FLAGSHIPS
+
+from expectations import FLAGSHIPS
 
 COMPAT = Path(__file__).resolve().parent.parent / "compat"
 sys.path.insert(0, str(COMPAT))

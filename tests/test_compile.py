@@ -9,10 +9,8 @@ from torch._dynamo.testing import CompileCounter
 
 from hfpatch.plans import SLOTS
 from hfpatch.positions import new_token_positions
-from hfpatch.tiny import FLAGSHIPS
 
 from conftest import (
-    REGISTRY,
     TF,
     cache_object_skip_reason,
     make_dynamic_cache,
@@ -20,6 +18,7 @@ from conftest import (
     reverted,
     static_cache_skip_reason,
 )
+from expectations import ABSOLUTE
 from harness import TOLERANCE, cache_kwarg, max_diff, output_cache, random_rows, run_padded, static_cache
 
 pytestmark = pytest.mark.compile
@@ -70,7 +69,7 @@ def test_fullgraph_eager_backend(model):
     assert max_diff(model, rows, compiled) <= TOLERANCE
 
 
-INDUCTOR_ARCH = next(a for a in FLAGSHIPS if REGISTRY[a].family.left_padding_wrong_on_stock)
+INDUCTOR_ARCH = ABSOLUTE
 
 
 @pytest.mark.inductor

@@ -20,10 +20,11 @@ from packaging.version import Version
 
 import hfpatch
 from hfpatch.support import NEWEST_TESTED, in_range, release_has
-from hfpatch.tiny import PAD, VOCAB, tiny_seq2seq
+from hfpatch.verification.tiny import PAD, VOCAB, tiny_seq2seq
 from hfpatch.windows import positional
 
 from conftest import REGISTRY, SEQ2SEQ_MODEL_TYPES, TF, arch_skip_reason, require_covered, reverted, stock
+from expectations import left_padding_wrong_on_stock
 from harness import TOLERANCE, WRONG, cache_kwarg, static_cache
 
 SEQ2SEQ = [name for name, adapter in REGISTRY.items() if adapter.family.seq2seq]
@@ -166,7 +167,7 @@ def test_decoder_rows_equal_themselves_alone(name, attention, scenario, record_p
     assert patched <= TOLERANCE, (
         f"{name} ({attention}), {scenario}: hfpatch {patched:.2g}, stock {on_stock:.2g}"
     )
-    wrong_on_stock = scenario != "left-padded prompt" or REGISTRY[name].family.left_padding_wrong_on_stock
+    wrong_on_stock = scenario != "left-padded prompt" or left_padding_wrong_on_stock(REGISTRY[name])
     if wrong_on_stock:
         assert on_stock > WRONG, (
             f"{name}, {scenario}: stock is right ({on_stock:.2g}): the declaration is stale"

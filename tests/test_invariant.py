@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from hfpatch.positions import new_token_positions
 from hfpatch.support import in_range
-from hfpatch.tiny import tiny_model
+from hfpatch.verification.tiny import tiny_model
 
 from conftest import TF, static_cache_skip_reason, stock
 from harness import TOLERANCE, WRONG, max_diff, random_case, random_rows, run_padded, static_cache

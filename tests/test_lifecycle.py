@@ -14,7 +14,7 @@ from packaging.version import Version
 
 import hfpatch
 from hfpatch import engine
-from hfpatch.tiny import tiny_model
+from hfpatch.verification.tiny import tiny_model
 
 from harness import SCRIPT_18104, TOLERANCE, WRONG, max_diff, random_rows, run_alone, run_padded
 
@@ -179,9 +179,9 @@ def test_known_bad_release_is_skipped_with_its_reason(model, arch, monkeypatch):
     hfpatch.revert()
     monkeypatch.setattr(engine, "_warned", set())
     original = _owner(model).__dict__["forward"]
-    adapter = engine._registry[arch]
-    bad = adapter._replace(known_bad=((">=4.0", "an upstream bug; upgrade to X"),))
-    monkeypatch.setitem(engine._registry, arch, bad)  # the engine's own table: what this test is about
+    state = engine._states[arch]
+    bad = state.adapter._replace(known_bad=((">=4.0", "an upstream bug; upgrade to X"),))
+    monkeypatch.setattr(state, "adapter", bad)  # the engine's own table: what this test is about
     with pytest.warns(RuntimeWarning, match="known-bad"):
         status = hfpatch.apply([arch])
     assert status[arch].state == "skipped" and status[arch].support == "known-bad"

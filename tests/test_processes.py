@@ -17,14 +17,14 @@ from pathlib import Path
 import pytest
 
 from hfpatch.launcher import RAY_RUNTIME_ENV_HOOK
-from hfpatch.tiny import FLAGSHIPS
 
-from conftest import REGISTRY, arch_skip_reason
+from conftest import arch_skip_reason
+from expectations import ABSOLUTE, FLAGSHIPS
 from harness import TOLERANCE, WRONG, worker_script
 
 pytestmark = pytest.mark.slow  # processes start Python and torch again: nox -s integrations runs them
 
-ARCH = next(a for a in FLAGSHIPS if REGISTRY[a].family.left_padding_wrong_on_stock)
+ARCH = ABSOLUTE
 
 MEASURE = worker_script(ARCH)
 

@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from hfpatch.support import in_range
-from hfpatch.verification import SCENARIOS, scenario_rows
+from hfpatch.verification.scenarios import SCENARIOS, scenario_rows
 
 from conftest import TF, stock
+from expectations import has_holes, left_padding_wrong_on_stock
 from harness import (
     PAD,
     TOLERANCE,
@@ -72,7 +73,7 @@ def _left_padded(model, pads):
 )  # trl#469 and transformers' test_left_padding_compatibility (32 pads)
 def test_left_padding_without_position_ids(model, adapter, pads):
     assert _left_padded(model, pads) <= TOLERANCE
-    if adapter.family.left_padding_wrong_on_stock:  # absolute positions: every real token shifts on stock
+    if left_padding_wrong_on_stock(adapter):  # absolute positions: every real token shifts on stock
         with stock():
             assert _left_padded(model, pads) > WRONG
 
@@ -84,7 +85,7 @@ def test_probe_scenarios(model, adapter, scenario):
     assert fixed <= TOLERANCE
     with stock():
         broken = max_diff(model, rows, run_padded(model, rows, scenario.chunks, scenario.left))
-    shift_only = not adapter.family.left_padding_wrong_on_stock and not scenario.holes  # RoPE: no change
+    shift_only = not left_padding_wrong_on_stock(adapter) and not has_holes(scenario)  # RoPE: no change
     if not shift_only:
         assert broken > WRONG
     elif not (adapter.eager_mask and in_range(adapter.eager_mask[0], TF)):

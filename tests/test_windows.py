@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hfpatch.tiny import tiny_config
+from hfpatch.verification.tiny import tiny_config
 from hfpatch.windows import positional
 
 from conftest import REGISTRY, TF, arch_skip_reason, static_cache_skip_reason, stock

@@ -18,7 +18,7 @@ import torch
 from packaging.version import Version
 
 import hfpatch
-from hfpatch.tiny import PAD, tiny_multimodal, tiny_seq2seq
+from hfpatch.verification.tiny import PAD, tiny_multimodal, tiny_seq2seq
 
 from conftest import REGISTRY, TF, require_covered, stock
 from harness import TOLERANCE, WRONG, cache_kwarg, output_cache

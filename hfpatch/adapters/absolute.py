@@ -2,12 +2,11 @@
 and padded cached prefixes both shift every real token's embedding. Positions from the mask fix both."""
 
 from ..declarations import Adapter, Family
-from ..engine import register_all
 
-ABSOLUTE = Family("absolute", left_padding_wrong_on_stock=True)
+ABSOLUTE = Family("absolute")
 
 # fmt: off
-ADAPTERS = register_all(
+ADAPTERS = (
     # BERT as a decoder (is_decoder=True: the decoder of an encoder-decoder model, or a causal LM alone): its
     # LM-head class, so that BertModel as an encoder is left alone
     Adapter("bert", "BertLMHeadModel", ABSOLUTE, "4.20", known_bad=((">=4.56,<5.0", "BERT with SDPA attention and a StaticCache fails on stock (a mask of the wrong length), so the release is not verified: use 5.0+"),)),

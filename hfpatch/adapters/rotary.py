@@ -4,7 +4,6 @@ model type, class, family, the first release of its tested range (and, where the
 package, aliases, limits, known-bad releases)."""
 
 from ..declarations import Adapter, Family
-from ..engine import register_all
 
 # rope whose scaling depends on the length (a checkpoint's longrope or dynamic NTK) is scaled per row
 # where transformers' dynamic_rope_update lets hfpatch reach it (hfpatch/rope.py)
@@ -14,7 +13,6 @@ PER_BATCH_ROPE = (
 )
 ROTARY = Family(
     "rotary",
-    left_padding_wrong_on_stock=False,
     attached_cache="layers.0.self_attn.past_key_value",
     notes=PER_BATCH_ROPE,
 )
@@ -23,13 +21,13 @@ SDPA_436 = (">=4.36,<4.38", "_use_sdpa")  # transformers' _unmask_unattended: se
 # known-bad releases inside a range (never patched there), each measured by the compat probe
 MASK_437 = (
     "a left-padded cached prefix continued by several tokens stays wrong with the right positions (the "
-    "release's own mask for such calls; eager too): use 4.39+"
+    "release's own mask for such calls, eager attention too): use 4.39+"
 )
 HYBRID_CACHE = (
     "the cache the model creates for a call without one (a HybridCache sized to that call) cannot take more "
     "tokens: a continued call fails on stock too; use 4.53+"
 )
-NOT_VERIFIED = "not verified: hfpatch's tiny {} model {} on these releases, so the patch is left off"
+NOT_VERIFIED = "hfpatch's tiny {} model {} on these releases: no evidence either way"
 COLUMN_WINDOW = (
     "sliding window: {} decides it by cache column, so a hole from a padded cached prefix inside the "
     "window stays wrong (hfpatch makes the window positional for full, sliding and chunked layers only)"
@@ -44,7 +42,7 @@ LLAMA4_NOPE = (
 )
 
 # fmt: off
-ADAPTERS = register_all(
+ADAPTERS = (
     Adapter("afmoe", "AfmoeModel", ROTARY, "5.0"),
     Adapter("apertus", "ApertusModel", ROTARY, "4.56"),
     Adapter("apertus1p5_text", "Apertus1p5TextModel", ROTARY, "5.24", package="apertus1p5"),
@@ -58,9 +56,9 @@ ADAPTERS = register_all(
     Adapter("cohere", "CohereModel", ROTARY, "4.39"),
     Adapter("cohere2", "Cohere2Model", ROTARY, "4.53"),
     Adapter("cohere2_moe", "Cohere2MoeModel", ROTARY, "5.9"),
-    Adapter("cohere_compass_text", "CohereCompassTextModel", ROTARY, "5.16", package="cohere_compass", known_bad=((">=5.17,<5.21", NOT_VERIFIED.format("Cohere Compass", "cannot be built")),)),
+    Adapter("cohere_compass_text", "CohereCompassTextModel", ROTARY, "5.16", package="cohere_compass", unverified=((">=5.17,<5.21", NOT_VERIFIED.format("Cohere Compass", "cannot be built")),)),
     Adapter("cwm", "CwmModel", ROTARY, "5.0"),
-    Adapter("dbrx", "DbrxModel", ROTARY, "4.40", known_bad=((">=5.0,<5.15", NOT_VERIFIED.format("DBRX", "fails a plain forward call")),)),
+    Adapter("dbrx", "DbrxModel", ROTARY, "4.40", unverified=((">=5.0,<5.15", NOT_VERIFIED.format("DBRX", "fails a plain forward call")),)),
     Adapter("deepseek_v2", "DeepseekV2Model", ROTARY, "4.54"),
     Adapter("deepseek_v3", "DeepseekV3Model", ROTARY, "4.51", aliases=("sarvam_mla",)),
     Adapter("deepseek_v32", "DeepseekV32Model", ROTARY, "5.11"),
@@ -109,11 +107,11 @@ ADAPTERS = register_all(
     Adapter("hy_v4", "HYV4Model", ROTARY, "5.17"),
     Adapter("hyperclovax", "HyperCLOVAXModel", ROTARY, "5.9"),
     Adapter("jais2", "Jais2Model", ROTARY, "5.0"),
-    Adapter("jetmoe", "JetMoeModel", ROTARY, "4.41", known_bad=((">=4.48,<5.0", NOT_VERIFIED.format("JetMoE", "fails a plain forward call")),)),
+    Adapter("jetmoe", "JetMoeModel", ROTARY, "4.41", unverified=((">=4.48,<5.0", NOT_VERIFIED.format("JetMoE", "fails a plain forward call")),)),
     Adapter("kolibri1", "Kolibri1Model", ROTARY, "5.20"),
     Adapter("laguna", "LagunaModel", ROTARY, "5.7"),
     Adapter("llama", "LlamaModel", ROTARY, "4.28", aliases=("exaone", "internlm3", "iquestcoder"), eager_mask=SDPA_436),
-    Adapter("llama4_text", "Llama4TextModel", ROTARY, "4.53", package="llama4", aliases=("llama4",), alias_since=(("llama4", "5.8"),), limits=(LLAMA4_NOPE,), known_bad=((">=4.54,<4.56", NOT_VERIFIED.format("Llama 4 text", "is not causal (a token's output depends on later tokens)")),)),
+    Adapter("llama4_text", "Llama4TextModel", ROTARY, "4.53", package="llama4", aliases=("llama4",), alias_since=(("llama4", "5.8"),), limits=(LLAMA4_NOPE,), unverified=((">=4.54,<4.56", NOT_VERIFIED.format("Llama 4 text", "is not causal (a token's output depends on later tokens)")),)),
     Adapter("longcat_flash", "LongcatFlashModel", ROTARY, "5.13"),
     Adapter("mellum", "MellumModel", ROTARY, "5.10"),
     Adapter("mimo_v2_flash", "MiMoV2FlashModel", ROTARY, "5.13"),

@@ -15,56 +15,38 @@ where the positions go (:mod:`hfpatch.decoders`):
   class; a uniform left shift cancels in the encoder, and stays exact).
 
 Each row: model type, the class patched, family, first release of its range, the receiver class, the
-encoder classes. Each range starts at the first release measured exact (tests/test_decoders.py, and
-the probe, ``hfpatch.verify``, with ``--outside-ranges``) among 4.56.2, 4.57.6, 5.0.0, 5.3.0, 5.5.4,
-5.10.4, 5.16.1, 5.20.2 and 5.24.0, where the release ships the model (CohereASR: on 5.5.4 and 5.10.4
-its cached call sees an empty cache); the other releases were not run: compat/probe_matrix.sh runs
-every one.
+encoder classes. Each range starts at the first release where the release probe (compat/probe_matrix.sh:
+tests/test_decoders.py and ``hfpatch.verify`` on all 64 releases, compat/REPORT.md) finds the type exact.
 """
 
 from ..declarations import PADDED_TABLE, RELATIVE_BIAS, SINUSOID, TABLE, Adapter, Family
-from ..engine import register_all
+from .rotary import MASK_437
 
-POSITION_IDS_ABSOLUTE = Family("absolute decoder", left_padding_wrong_on_stock=True, seq2seq=True)
-POSITION_IDS_ROTARY = Family("rotary decoder", left_padding_wrong_on_stock=False, seq2seq=True)
+POSITION_IDS_ABSOLUTE = Family("absolute decoder", seq2seq=True)
+POSITION_IDS_ROTARY = Family("rotary decoder", seq2seq=True)
 # RoPE, but self and cross attention merged in one softmax: rotated queries meet un-rotated encoder keys,
 # so a query's absolute position matters and left padding is wrong on stock too (T5Gemma 2)
-POSITION_IDS_MERGED = Family(
-    "rotary decoder, merged attention", left_padding_wrong_on_stock=True, seq2seq=True
-)
+POSITION_IDS_MERGED = Family("rotary decoder, merged attention", seq2seq=True)
 # RoPE, decoder inputs of audio codes [batch, tokens, channels] (Dia)
-POSITION_IDS_CODES = Family(
-    "rotary decoder, audio codes", left_padding_wrong_on_stock=False, seq2seq=True, ids_rank=3
-)
+POSITION_IDS_CODES = Family("rotary decoder, audio codes", seq2seq=True, ids_rank=3)
 POSITION_TABLE = Family(
     "position table",
-    left_padding_wrong_on_stock=True,
     hands_to=TABLE,
     position_module="embed_positions",
     seq2seq=True,
 )
 POSITION_SINUSOID = Family(
-    "computed sinusoid", left_padding_wrong_on_stock=True, hands_to=SINUSOID, position_module="embed_positions",
+    "computed sinusoid", hands_to=SINUSOID, position_module="embed_positions",
     seq2seq=True,
 )  # fmt: skip
 PADDED_POSITION_TABLE = Family(
-    "table past the pad id", left_padding_wrong_on_stock=False, hands_to=PADDED_TABLE,
+    "table past the pad id", hands_to=PADDED_TABLE,
     position_module="embed_positions", seq2seq=True,
 )  # fmt: skip
-RELATIVE_POSITION_BIAS = Family(
-    "relative bias", left_padding_wrong_on_stock=False, hands_to=RELATIVE_BIAS, seq2seq=True
-)
+RELATIVE_POSITION_BIAS = Family("relative bias", hands_to=RELATIVE_BIAS, seq2seq=True)
 
 
-MASK_437 = (
-    "a left-padded decoder prefix continued by several tokens stays wrong with the right positions (the "
-    "release's own mask for such calls): use 4.39+"
-)
-
-
-def _bart_like(
-    arch: str, prefix: str, table: str = "LearnedPositionalEmbedding", since: str = "4.56"
-) -> Adapter:
+def _bart_like(arch: str, prefix: str, since: str, table: str = "LearnedPositionalEmbedding") -> Adapter:
     return Adapter(
         arch,
         f"{prefix}Decoder",
@@ -75,7 +57,7 @@ def _bart_like(
     )
 
 
-def _padded(arch: str, prefix: str, since: str = "4.56") -> Adapter:
+def _padded(arch: str, prefix: str, since: str) -> Adapter:
     return Adapter(
         arch,
         f"{prefix}Decoder",
@@ -85,12 +67,12 @@ def _padded(arch: str, prefix: str, since: str = "4.56") -> Adapter:
     )
 
 
-def _t5_like(arch: str, prefix: str, since: str = "4.56") -> Adapter:
+def _t5_like(arch: str, prefix: str, since: str) -> Adapter:
     return Adapter(arch, f"{prefix}Stack", RELATIVE_POSITION_BIAS, since, receiver=f"{prefix}Attention")
 
 
 # fmt: off
-ADAPTERS = register_all(
+ADAPTERS = (
     _bart_like("bart", "Bart", since="4.20")._replace(known_bad=((">=4.36,<4.39", MASK_437),)),
     _bart_like("mbart", "MBart", since="4.20"),
     _bart_like("plbart", "PLBart", since="4.20"),
@@ -98,8 +80,8 @@ ADAPTERS = register_all(
     _bart_like("blenderbot", "Blenderbot", since="4.20"),
     _bart_like("blenderbot-small", "BlenderbotSmall", since="4.20"),
     _bart_like("bigbird_pegasus", "BigBirdPegasus", since="4.52"),
-    _bart_like("marian", "Marian", table="SinusoidalPositionalEmbedding", since="4.20"),
-    _bart_like("pegasus", "Pegasus", table="SinusoidalPositionalEmbedding", since="4.20"),
+    _bart_like("marian", "Marian", since="4.20", table="SinusoidalPositionalEmbedding"),
+    _bart_like("pegasus", "Pegasus", since="4.20", table="SinusoidalPositionalEmbedding"),
     Adapter("pegasus_x", "PegasusXDecoder", POSITION_SINUSOID, "4.52", receiver="PegasusXSinusoidalPositionalEmbedding", also=("PegasusXEncoder",)),
     _padded("m2m_100", "M2M100", since="4.35"),
     _padded("nllb-moe", "NllbMoe", since="4.35"),

@@ -3,7 +3,6 @@ transformers 5.24.0 (docs/architectures.md): ``status()`` lists them, ``apply()`
 never touches them, ``verify()`` still probes them."""
 
 from ..declarations import NOT_COVERED, NOT_FIXABLE, RIGHT_ON_STOCK, Undeclared
-from ..engine import declare_all
 
 RECURRENT = "a recurrent or convolution state absorbs pads: a hole in a cached prefix still advances it"
 HYBRID = f"attention layers are fixed by positions, but {RECURRENT}"
@@ -12,7 +11,7 @@ CACHE_COLUMNS = (
 )
 
 # fmt: off
-UNDECLARED = declare_all(
+UNDECLARED = (
     Undeclared("bloom", RIGHT_ON_STOCK, "ALiBi is built from the mask's cumsum"),
     Undeclared("opt", RIGHT_ON_STOCK, "OPTModel derives positions from the mask's cumsum"),
     Undeclared("mamba", NOT_FIXABLE, f"SSM: {RECURRENT}"),

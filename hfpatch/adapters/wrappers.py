@@ -1,7 +1,7 @@
 """The image-text-to-text wrappers hfpatch patches itself (:data:`ADAPTERS`), then the model types of
 transformers' seq2seq, speech-seq2seq and image-text-to-text mappings that no adapter patches
 (hfpatch/adapters/seq2seq.py patches the seq2seq decoders), each with its verdict, measured on 5.24.0
-with tiny models (research: decoders-5.24.md), or "not measured" with what is known.
+with tiny models (``hfpatch verify TYPE`` on each), or "not measured" with what is known.
 
 Patched (family ``rotary`` with ``multimodal=True``: no causal LM of their own: ``verify()`` runs their
 text calls (no image), the release probe leaves them to tests/test_wrappers.py; windows stay
@@ -35,7 +35,6 @@ Not patched:
 """
 
 from ..declarations import NOT_COVERED, NOT_FIXABLE, THROUGH_LANGUAGE_MODEL, Adapter, Undeclared
-from ..engine import declare_all, register_all
 from .rotary import ROTARY
 
 MULTIMODAL = ROTARY._replace(multimodal=True)
@@ -49,7 +48,7 @@ PALIGEMMA_SDPA = (
 )
 
 # fmt: off
-ADAPTERS = register_all(
+ADAPTERS = (
     Adapter("paligemma", "PaliGemmaModel", MULTIMODAL, "4.52", limits=(WINDOW, PALIGEMMA_SDPA)),  # 2: Gemma 2's window
     Adapter("exaone4_5", "Exaone4_5_Model", MULTIMODAL, "5.8", limits=(WINDOW,)),
     Adapter("qwen2_vl", "Qwen2VLTextModel", MULTIMODAL, "5.2"),
@@ -98,7 +97,7 @@ def _language_model(arch: str, adapter: str) -> Undeclared:
 
 
 # fmt: off
-UNDECLARED = declare_all(
+UNDECLARED = (
     # seq2seq and speech-seq2seq
     _through("audioflamingo3", "qwen2", "Qwen2Model"),
     _through("glmasr", "llama", "LlamaModel"),
@@ -122,7 +121,7 @@ UNDECLARED = declare_all(
     _unmeasured("voxtral_realtime", "needs encoder inputs the probe did not build"),
     _unmeasured("kyutai_speech_to_text", "its tiny model fails a plain call"),
     _unmeasured("gptsan-japanese", "removed in 5.0"),
-    # image-text-to-text: measured (decoders-5.24.md, part C)
+    # image-text-to-text: measured on 5.24.0 (hfpatch verify TYPE)
     _through("llava", "llama", "LlamaModel", WITH_IMAGE),
     _through("llava_next", "llama", "LlamaModel"),
     _through("llava_next_video", "llama", "LlamaModel"),

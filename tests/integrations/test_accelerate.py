@@ -9,10 +9,11 @@ import pytest
 import torch
 
 import hfpatch
-from hfpatch.tiny import FLAGSHIPS, tiny_model
-from hfpatch.verification import SCENARIOS, scenario_rows
+from hfpatch.verification.scenarios import SCENARIOS, scenario_rows
+from hfpatch.verification.tiny import tiny_model
 
-from conftest import REGISTRY, arch_skip_reason
+from conftest import arch_skip_reason
+from expectations import ABSOLUTE
 from harness import TOLERANCE, WRONG, max_diff, run_padded
 
 accelerate = pytest.importorskip("accelerate")
@@ -20,7 +21,7 @@ from accelerate import cpu_offload, dispatch_model  # noqa: E402
 from accelerate.hooks import remove_hook_from_submodules  # noqa: E402
 
 # the most position-sensitive flagship: absolute positions (left padding is wrong on stock too)
-ARCH = next(a for a in FLAGSHIPS if REGISTRY[a].family.left_padding_wrong_on_stock)
+ARCH = ABSOLUTE
 SCENARIO = SCENARIOS[0]  # a right-padded cached prefix + 1 token
 
 

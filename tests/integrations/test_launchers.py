@@ -14,14 +14,13 @@ import sys
 
 import pytest
 
-from hfpatch.tiny import FLAGSHIPS
-
-from conftest import REGISTRY, arch_skip_reason
+from conftest import arch_skip_reason
+from expectations import ABSOLUTE
 from harness import TOLERANCE, WRONG, worker_script
 
 pytestmark = pytest.mark.slow  # two ranks start Python and torch again: nox -s integrations runs them
 
-ARCH = next(a for a in FLAGSHIPS if REGISTRY[a].family.left_padding_wrong_on_stock)
+ARCH = ABSOLUTE
 
 RANKS = """
 import json, os, torch.distributed as dist

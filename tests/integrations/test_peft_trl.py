@@ -10,10 +10,11 @@ import types
 import pytest
 import torch
 
-from hfpatch.tiny import FLAGSHIPS, tiny_model
-from hfpatch.verification import SCENARIOS, Scenario, scenario_rows
+from hfpatch.verification.scenarios import SCENARIOS, Scenario, scenario_rows
+from hfpatch.verification.tiny import tiny_model
 
-from conftest import REGISTRY, arch_skip_reason, stock
+from conftest import arch_skip_reason, stock
+from expectations import ABSOLUTE, FLAGSHIPS
 from harness import PAD, TOLERANCE, WRONG, cache_kwarg, max_diff, run_alone, run_padded
 
 peft = pytest.importorskip("peft")
@@ -56,7 +57,7 @@ def test_trl_grpo_per_token_log_probs():
     from accelerate import Accelerator
 
     # absolute positions: left padding shifts them on stock (RoPE models are blind to a uniform shift)
-    arch = next(a for a in FLAGSHIPS if REGISTRY[a].family.left_padding_wrong_on_stock)
+    arch = ABSOLUTE
     if arch_skip_reason(arch):
         pytest.skip(arch_skip_reason(arch))
     model = tiny_model(arch)

@@ -20,15 +20,14 @@ import time
 
 import pytest
 
-from hfpatch.tiny import FLAGSHIPS
-
-from conftest import REGISTRY, arch_skip_reason
+from conftest import arch_skip_reason
+from expectations import ABSOLUTE
 from harness import TOLERANCE, WRONG, worker_script
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow  # a Ray cluster and its workers start Python and torch: nox runs these
 
-ARCH = next(a for a in FLAGSHIPS if REGISTRY[a].family.left_padding_wrong_on_stock)
+ARCH = ABSOLUTE
 
 DRIVER = """
 import json, os, sys

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import hfpatch
-from hfpatch.tiny import tiny_model
+from hfpatch.verification.tiny import tiny_model
 
 from conftest import arch_skip_reason
 from harness import TOLERANCE, WRONG

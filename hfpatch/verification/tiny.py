@@ -14,7 +14,6 @@ import inspect
 from typing import Any, Optional
 
 __all__ = [
-    "FLAGSHIPS",
     "OVERRIDES",
     "SEQ2SEQ_OVERRIDES",
     "SEQ2SEQ_SIZES",
@@ -26,10 +25,6 @@ __all__ = [
     "tiny_multimodal",
     "tiny_seq2seq",
 ]
-
-# the doctor's models, one of each kind (gemma and llama: rotary; gpt2: absolute); the full test suite
-# and the compat matrix run on them too
-FLAGSHIPS = ("gemma", "llama", "gpt2")
 
 PAD = 0  # pad id; most tiny models' embedding row for it is zero (padding_idx), as in real checkpoints
 VOCAB = 97
@@ -123,7 +118,7 @@ def tiny_config(model_type: str, sizes: Optional[dict[str, Any]] = None) -> Any:
     :data:`SIZES` (same field names: the benchmarks' larger models)."""
     import transformers
 
-    from .engine import adapter_for
+    from ..engine import adapter_for
 
     adapter = adapter_for(model_type)
     name = adapter.arch if adapter is not None else model_type
@@ -144,8 +139,8 @@ def tiny_model(
     import torch
     import transformers
 
-    from .engine import adapter_for
-    from .windows import configured_window, positional
+    from ..engine import adapter_for
+    from ..windows import configured_window, positional
 
     def build(sizes: Optional[dict[str, Any]]) -> Any:
         config = tiny_config(model_type, sizes)

@@ -1,0 +1,129 @@
+"""What a call reads, in one place: this thread's choice of patched or stock, the positions handed to a
+position module, the SDPA switch. A leaf: it imports nothing of hfpatch (nor torch), and every module
+that runs inside a call reads it from here.
+
+- :data:`CALL` is per thread (``threading.local``): ``patched()``/``unpatched()`` set ``overrides``;
+  a patched forward sets ``pending`` (:mod:`hfpatch.decoders`) and ``eager_mask``
+  (:class:`SdpaSwitch`) for the duration of its original call.
+- :class:`Pin`: per adapter, whether ``apply()`` holds it process-wide (read by its patched forward).
+- :class:`CarryContext`: activation checkpointing recomputes a layer in the backward pass, after the
+  call that set the context has returned; the checkpoint function of a patched module carries the
+  context of the forward call into that recomputation, so that the layer reads the same.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Optional
+
+__all__ = ["CALL", "CarryContext", "Pin", "SdpaSwitch", "Users", "patched_here"]
+
+
+class _Call(threading.local):
+    """The calling thread's context (class attributes are every new thread's defaults)."""
+
+    overrides: Optional[dict[str, bool]] = None  # adapter -> patched here?, set by patched()/unpatched()
+    eager_mask: bool = False  # see SdpaSwitch
+    pending: Any = None  # positions waiting for their position module (hfpatch.decoders.Pending)
+
+
+CALL = _Call()
+
+
+class Pin:
+    """Whether ``apply()`` holds an adapter for the whole process (until ``revert()``)."""
+
+    __slots__ = ("arch", "pinned")
+
+    def __init__(self, arch: str) -> None:
+        self.arch = arch
+        self.pinned = False
+
+
+def patched_here(pin: Pin) -> bool:
+    """Whether an eager call in this thread gets the adapter's patch: this thread's ``patched()`` /
+    ``unpatched()`` choice, else ``apply()``'s."""
+    overrides = CALL.overrides
+    return pin.pinned if overrides is None else overrides.get(pin.arch, pin.pinned)
+
+
+class Users:
+    """The adapters that share one installed replacement (a rotary class of their module): a tuple,
+    replaced whole under the engine's lock, so that a call reads it without taking the lock."""
+
+    __slots__ = ("pins",)
+
+    def __init__(self) -> None:
+        self.pins: tuple[Pin, ...] = ()
+
+    def any_patched_here(self) -> bool:
+        return any(patched_here(pin) for pin in self.pins)
+
+
+class SdpaSwitch:
+    """Installed as a base-model class's boolean attribute (``Adapter.eager_mask``: ``_use_sdpa``,
+    4.36-4.37) while the class is patched. Instances keep their own value; it reads False in a thread
+    whose current call asked for transformers' eager 4-D mask, so that no instance is ever changed."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, instance: Any, owner: Any = None) -> Any:
+        if instance is None:
+            return self
+        return False if CALL.eager_mask else instance.__dict__.get(self.name, False)
+
+    def __set__(self, instance: Any, value: Any) -> None:
+        instance.__dict__[self.name] = value
+
+
+class CarryContext:
+    """Installed as ``_gradient_checkpointing_func`` on the classes of a patched module that checkpoint
+    their layers (transformers sets the function on each instance): reading it gives the instance's own
+    function, wrapped so that what it checkpoints runs, when recomputed in the backward pass, with the
+    context this thread had when the forward call checkpointed it."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, instance: Any, owner: Any = None) -> Any:
+        if instance is None:
+            return self
+        try:
+            checkpoint = instance.__dict__[self.name]
+        except KeyError:
+            raise AttributeError(self.name) from None
+        return _Carrying(checkpoint)
+
+    def __set__(self, instance: Any, value: Any) -> None:
+        instance.__dict__[self.name] = value
+
+
+class _Carrying:
+    """A checkpoint function whose checkpointed function sees this call's context when recomputed."""
+
+    __slots__ = ("checkpoint",)
+
+    def __init__(self, checkpoint: Callable) -> None:
+        self.checkpoint = checkpoint
+
+    def __call__(self, function: Callable, *args: Any, **kwargs: Any) -> Any:
+        saved = (CALL.overrides, CALL.eager_mask, CALL.pending)
+        if saved == (None, False, None):  # nothing to carry: the function as it is
+            return self.checkpoint(function, *args, **kwargs)
+        return self.checkpoint(_WithContext(function, saved), *args, **kwargs)
+
+
+class _WithContext:
+    __slots__ = ("function", "saved")
+
+    def __init__(self, function: Callable, saved: tuple) -> None:
+        self.function, self.saved = function, saved
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        before = (CALL.overrides, CALL.eager_mask, CALL.pending)
+        CALL.overrides, CALL.eager_mask, CALL.pending = self.saved
+        try:
+            return self.function(*args, **kwargs)
+        finally:
+            CALL.overrides, CALL.eager_mask, CALL.pending = before

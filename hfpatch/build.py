@@ -1,0 +1,99 @@
+"""What an adapter replaces, built as :class:`~hfpatch.patches.Patch` rows when its class is patched
+(its module has been imported, so torch and transformers have too). One function reads the plan of
+each target and returns every row; the engine's ledger installs them.
+
+The rows of an adapter, in order:
+
+1. its class's ``forward`` (:func:`hfpatch.forward.make_forward`, from the signature's
+   :class:`~hfpatch.plans.Plan`), and those of its ``also`` classes (a seq2seq model's encoder);
+2. its receiver's method, where its forward takes no positions (:mod:`hfpatch.decoders`);
+3. the rotary classes of its module, whose length-dependent rope is scaled per row (:mod:`hfpatch.rope`),
+   shared by every adapter of the module;
+4. the SDPA switch on its class, on the releases ``Adapter.eager_mask`` names;
+5. the static cache's sliding layer ``__init__`` (it records the length it was asked for), shared by
+   every adapter;
+6. where the hand-off runs inside a layer, the checkpoint function of the module's checkpointing
+   classes, which carries the call's context into a layer's recomputation (:mod:`hfpatch._context`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import caches
+from ._context import CarryContext, Pin, SdpaSwitch, Users
+from .declarations import Adapter
+from .decoders import HANDS_TO, receiver
+from .forward import make_forward
+from .patches import ABSENT, Patch
+from .plans import read_plan
+from .rope import per_row_forward, rotary_classes
+
+__all__ = ["CHECKPOINT_FUNCTION", "build"]
+
+CHECKPOINT_FUNCTION = (
+    "_gradient_checkpointing_func"  # set on each instance by gradient_checkpointing_enable()
+)
+
+
+def build(adapter: Adapter, module: Any, pin: Pin) -> tuple[Patch, ...]:
+    """Every row ``adapter`` installs in ``module``. ``TypeError`` saying what is missing or different
+    when the release's classes are not the ones the adapter expects (then nothing is installed)."""
+    owner = getattr(module, adapter.cls, None)
+    original = getattr(owner, "__dict__", {}).get("forward")
+    if owner is None or original is None:
+        raise TypeError(f"{adapter.target} not found in this transformers release")
+    if getattr(original, "__hfpatch_adapter__", None) is not None:
+        raise TypeError(f"{adapter.target} is already an hfpatch patch (two hfpatch copies imported?)")
+    plan = read_plan(adapter, original, owner)
+    rows = [Patch(owner, "forward", original, make_forward(adapter, original, plan, pin))]
+    for name in adapter.also:
+        cls = getattr(module, name, None)
+        before = getattr(cls, "__dict__", {}).get("forward")
+        if before is None:
+            raise TypeError(f"{module.__name__}:{name}.forward not found in this transformers release")
+        also = adapter._replace(cls=name)
+        rows.append(
+            Patch(cls, "forward", before, make_forward(also, before, read_plan(also, before, cls), pin))
+        )
+    hands_to = adapter.family.hands_to
+    if adapter.receiver is not None:
+        cls = getattr(module, adapter.receiver, None)
+        found = receiver(cls, hands_to) if isinstance(cls, type) else None
+        if found is None:
+            raise TypeError(f"{module.__name__}:{adapter.receiver} not found in this transformers release")
+        rows.append(Patch(cls, *found))
+    users = Users()
+    for cls, forward, raw in rotary_classes(module):
+        rows.append(Patch(cls, "forward", forward, per_row_forward(forward, raw, users), users))
+    if plan.eager_mask_attr is not None:
+        name = plan.eager_mask_attr
+        rows.append(Patch(owner, name, owner.__dict__.get(name, ABSENT), SdpaSwitch(name)))
+    layer = caches.recording_requested_lengths()
+    if layer is not None:
+        rows.append(Patch(layer[0], "__init__", *layer[1:]))
+    if hands_to is not None and HANDS_TO[hands_to].inside_layers:
+        for cls in _checkpointing_classes(module, owner):
+            before = cls.__dict__.get(CHECKPOINT_FUNCTION, ABSENT)
+            rows.append(Patch(cls, CHECKPOINT_FUNCTION, before, CarryContext(CHECKPOINT_FUNCTION)))
+    return tuple(rows)
+
+
+def _checkpointing_classes(module: Any, owner: type) -> list[type]:
+    """The classes of ``module`` whose instances call ``self._gradient_checkpointing_func``: the patched
+    stack (which checkpoints its layers up to 5.x) and the layers that checkpoint themselves (5.x:
+    subclasses of transformers' ``GradientCheckpointingLayer``)."""
+    try:
+        from transformers.modeling_layers import GradientCheckpointingLayer
+    except ImportError:  # before the layers checkpointed themselves
+        GradientCheckpointingLayer = None  # noqa: N806
+    found = [owner]
+    for value in vars(module).values():
+        if (
+            isinstance(value, type)
+            and value.__module__ == module.__name__
+            and GradientCheckpointingLayer is not None
+            and issubclass(value, GradientCheckpointingLayer)
+        ):
+            found.append(value)
+    return found

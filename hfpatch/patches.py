@@ -1,0 +1,108 @@
+"""Everything hfpatch replaces is one kind of record, a :class:`Patch`: a class, an attribute of its own,
+what it was, and what replaces it (a class's ``forward``, a companion's, a receiver's method, a rotary
+class's ``forward``, a descriptor, a cache layer's ``__init__``). An adapter's rows are built when its
+class is patched (:mod:`hfpatch.build`); the :class:`Ledger` installs them in one loop and reverts
+them in one loop that checks identity, counting the adapters that share a row (a rotary class of their
+module, the cache layer): a row is undone with its last user. As in wrapt's ``patches.py``, attributes
+are read from the class's own ``__dict__``, so nothing is bound or inherited by mistake."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Optional
+
+from ._context import Pin, Users
+
+__all__ = ["ABSENT", "Ledger", "Patch"]
+
+
+class _Absent:
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+
+ABSENT: Any = _Absent()  # the class had no attribute of its own by that name: revert deletes ours
+
+
+class Patch(NamedTuple):
+    """One replaced class attribute."""
+
+    owner: type
+    attribute: str
+    original: Any  # the class's own value before (``ABSENT``: none of its own)
+    replacement: Any
+    users: Optional[Users] = None  # who shares it, for a replacement that reads that (rotary classes)
+
+    @property
+    def key(self) -> tuple[type, str]:
+        return self.owner, self.attribute
+
+    def current(self) -> Any:
+        return self.owner.__dict__.get(self.attribute, ABSENT)
+
+
+class Ledger:
+    """The installed rows, each with the adapters that use it. Not thread-safe by itself: the engine
+    calls it under its lock."""
+
+    def __init__(self) -> None:
+        self._rows: dict[tuple[type, str], tuple[Patch, tuple[Pin, ...]]] = {}
+
+    def stale(self, rows: tuple[Patch, ...]) -> bool:
+        """Whether some row no longer matches its class (the attribute changed since the rows were built,
+        and not by an installed row of this ledger): they must be built again."""
+        for row in rows:
+            installed = self._rows.get(row.key)
+            expected = installed[0].replacement if installed is not None else row.original
+            if row.current() is not expected:
+                return True
+        return False
+
+    def install(self, pin: Pin, rows: tuple[Patch, ...]) -> list[Patch]:
+        """Install ``rows`` for the adapter of ``pin``; a row another adapter installed is shared. Returns
+        the rows set on their classes now."""
+        done = []
+        for row in rows:
+            installed = self._rows.get(row.key)
+            if installed is not None:
+                kept, users = installed
+                if pin not in users:
+                    self._rows[row.key] = (kept, (*users, pin))
+                    _publish(kept, (*users, pin))
+                continue
+            type.__setattr__(row.owner, row.attribute, row.replacement)
+            self._rows[row.key] = (row, (pin,))
+            _publish(row, (pin,))
+            done.append(row)
+        return done
+
+    def revert(self, pin: Pin, rows: tuple[Patch, ...]) -> list[Patch]:
+        """The adapter of ``pin`` stops using ``rows``; a row without users is undone, unless someone
+        replaced it after us (theirs then stays). Returns the rows undone on their classes."""
+        undone = []
+        for row in rows:
+            installed = self._rows.get(row.key)
+            if installed is None or pin not in installed[1]:
+                continue
+            kept, users = installed
+            users = tuple(user for user in users if user is not pin)
+            _publish(kept, users)
+            if users:
+                self._rows[row.key] = (kept, users)
+                continue
+            del self._rows[row.key]
+            if kept.current() is kept.replacement:
+                if kept.original is ABSENT:
+                    type.__delattr__(kept.owner, kept.attribute)
+                else:
+                    type.__setattr__(kept.owner, kept.attribute, kept.original)
+                undone.append(kept)
+        return undone
+
+    def installed(self) -> list[Patch]:
+        """Every row installed now, in the order installed."""
+        return [row for row, _ in self._rows.values()]
+
+
+def _publish(row: Patch, users: tuple[Pin, ...]) -> None:
+    if row.users is not None:
+        row.users.pins = users

@@ -1,0 +1,77 @@
+"""What :func:`hfpatch.verify` returns: a :class:`Verification` (one :class:`Row` per scenario), and
+the error it raises when it cannot run (:class:`CannotVerify`)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+__all__ = ["TOLERANCE", "WRONG", "CannotVerify", "Row", "Verification"]
+
+TOLERANCE = 1e-5  # fp32, max |difference| at any real token: exact (the one tolerance of every check)
+WRONG = 1e-3  # a difference above this is a wrong result, not float noise (between the two: noise)
+
+
+class CannotVerify(ValueError):
+    """``verify`` cannot run on this input: no such checkpoint directory, an unknown model type, or a
+    model that is neither a causal LM, an image-text-to-text model nor an encoder-decoder model (the
+    message says which, in one line)."""
+
+
+class Row(NamedTuple):
+    scenario: str
+    stock: float  # max |diff| on stock transformers (nan: it raised)
+    patched: float  # with hfpatch; for a model hfpatch does not patch, with positions from the mask by hand
+    error: str = ""  # what raised, if something did
+
+
+class Verification(NamedTuple):
+    """What :func:`verify` found: one :class:`Row` per scenario, whether hfpatch patches the model,
+    its state, and notes (declared limits, why a scenario is not probed). ``print()`` it for a table."""
+
+    arch: str
+    state: str
+    rows: tuple[Row, ...]
+    notes: tuple[str, ...]
+    patches: bool = True  # an adapter of hfpatch patches this model on the installed release
+    by_hand: bool = True  # not patched: the second column passed positions by hand (False: it takes none)
+
+    @property
+    def ok(self) -> bool:
+        """What the model gives with hfpatch is exact in every scenario (max |diff| <= 1e-5, fp32): the
+        patched column where hfpatch patches the model, stock's where it does not."""
+        column = [row.patched if self.patches else row.stock for row in self.rows]
+        return bool(column) and all(value <= TOLERANCE for value in column)
+
+    @property
+    def stock_wrong(self) -> bool:
+        return any(not row.stock <= WRONG for row in self.rows)
+
+    @property
+    def verdict(self) -> str:
+        if not self.rows:
+            return "not checked"
+        by_hand_ok = all(row.patched <= TOLERANCE for row in self.rows)
+        if self.patches:
+            if self.ok:
+                return "fixed by hfpatch" if self.stock_wrong else "right on stock and with hfpatch"
+            return "WRONG with hfpatch"
+        if self.ok:
+            return "right on stock (hfpatch does not patch it)"
+        if not self.by_hand:
+            return "wrong on stock (hfpatch does not patch it; it takes no positions to pass by hand)"
+        if by_hand_ok:
+            return "wrong on stock; positions from the mask would fix it, but hfpatch does not patch it"
+        return "wrong on stock, and positions from the mask do not fix it (hfpatch does not patch it)"
+
+    def __str__(self) -> str:
+        lines = [f"{self.arch}: {self.verdict} (hfpatch state: {self.state})"]
+        second = "hfpatch max|diff|" if self.patches else "positions by hand"
+        width = max([44, *(len(row.scenario) for row in self.rows)])
+        header = f"  {'scenario':{width}}  {'stock max|diff|':>16}  {second:>18}"
+        lines += [header, "  " + "-" * (len(header) - 2)]
+        for row in self.rows:
+            line = f"  {row.scenario:{width}}  {row.stock:16.2e}  {row.patched:18.2e}  {row.error}"
+            lines.append(line.rstrip())
+        lines += [f"  note: {note}" for note in self.notes]
+        lines.append(f"  exact = max|diff| <= {TOLERANCE:g} (fp32, vs each row run alone, unpadded)")
+        return "\n".join(lines)

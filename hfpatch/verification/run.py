@@ -1,0 +1,257 @@
+"""``hfpatch.verify(model)``: run padded, KV-cached batches on stock transformers and with hfpatch, and
+measure every real token's output against its row run alone, unpadded, in one call.
+
+Both sides run in the calling thread only (``unpatched()`` and ``patched()`` are thread-local): other
+threads using the same model meanwhile keep what they had.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from typing import Any, Callable, NamedTuple, Optional, Union
+
+import torch
+
+from .. import engine
+from .._compat import cache_name
+from ..declarations import Adapter
+from ..rope import per_row_scaling, scaled_rope
+from ..support import installed_transformers
+from ..windows import configured_window, positional, smallest_window
+from .load import TINY_ATTENTION, check_causal, check_runs, first_line, is_multimodal, load
+from .result import CannotVerify, Row, Verification
+from .scenarios import (
+    DECODER_ONLY,
+    ENCODER_SCENARIO,
+    SCENARIOS,
+    Inputs,
+    PositionsByHand,
+    Scenario,
+    cache_inputs,
+    diff_alone,
+    is_seq2seq,
+    rows_of,
+    run_batch,
+    seq2seq_inputs,
+    static_cache,
+    takes_static_cache,
+)
+
+__all__ = ["Probe", "verify"]
+
+STATIC_SLOTS = 16
+MAX_ROPE_PROBE = 1024  # longest original context the rope scenario probes (a row past it, in one call)
+MAX_WINDOW_PROBE = 1024  # longest window the window scenario probes (a right-padded prefix past it)
+
+
+class Probe(NamedTuple):
+    """One scenario as ``verify`` runs it on a model."""
+
+    name: str
+    scenario: Scenario
+    cache: Optional[Callable[[], Any]] = None  # makes the cache the first call starts from (a StaticCache)
+    width: Optional[int] = None  # pad every mask with zeros to this many columns (a static cache's)
+    inputs: Inputs = DECODER_ONLY
+
+
+def verify(model: Union[str, os.PathLike, Any], static: bool = True) -> Verification:
+    """Probe ``model`` for the padding and KV-cache bug, stock vs hfpatch.
+
+    ``model`` is a causal-LM instance (or a base model: its hidden states are compared), a local
+    checkpoint directory (loaded with ``from_pretrained``), or a model type (``"qwen2"``: built tiny
+    from its config). The scenarios (:data:`SCENARIOS`): left padding in one call, a right-padded
+    cached prefix + 1 token, variable prefixes and suffixes, a left-padded cached prefix + 2 tokens,
+    and the variable one again with a ``StaticCache`` where the model takes one (cached ones only
+    where the model returns a cache). Each runs on stock and with hfpatch's patch for this model, in
+    this thread only, and every real token is compared with its row run alone. For a model hfpatch
+    does not patch, the second column passes positions from the mask by hand: whether they would fix
+    it. An encoder-decoder model (``config.is_encoder_decoder``: BART, T5, Whisper ...) runs the same
+    scenarios on its decoder (``decoder_input_ids``, ``decoder_attention_mask``), each row with its own
+    fixed, unpadded encoder input (token ids, or speech features built from the config), then a
+    left-padded encoder input where the encoder takes token ids and a mask (its hidden states compared).
+    An image-text-to-text model (PaliGemma, Qwen2-VL, LLaVA ...) runs the decoder-only scenarios on its
+    text path (``input_ids`` and ``attention_mask``, no image); a prefix LM among them (PaliGemma on
+    releases where a call's tokens attend each other both ways) is compared with each row alone through
+    the same cached calls, with a mask of ones. Raises :class:`CannotVerify` (a ``ValueError``) for no
+    such directory, an unknown model type, or a model that is none of those.
+
+    >>> result = hfpatch.verify("qwen2")   # doctest: +SKIP
+    >>> result.ok, print(result)           # doctest: +SKIP
+    """
+    built = isinstance(model, str) and not os.path.isdir(model)  # a model type: built tiny here
+    model = load(model)
+    model_type = getattr(model.config, "model_type", "?")
+    seq2seq = is_seq2seq(model)
+    inputs = _seq2seq_inputs(model, model_type) if seq2seq else DECODER_ONLY
+    notes = []
+    if seq2seq:
+        check_runs(model, model_type, inputs)
+    elif not check_causal(model, model_type, prefix_lm=is_multimodal(model)):
+        inputs = inputs._replace(prefix_lm=True)
+        notes.append("a prefix LM (a call's tokens attend each other both ways): each row alone runs "
+                     "through the same cached calls, with a mask of ones")  # fmt: skip
+    adapter = _adapter_of_class(model) or engine.adapter_for(model_type)
+    entry = engine.status().get(adapter.arch if adapter is not None else model_type)
+    if adapter is not None and model_type not in (adapter.arch, *adapter.aliases):
+        notes.append(f"{model_type} runs {adapter.cls}, patched by the {adapter.arch!r} adapter")
+    attention = TINY_ATTENTION.get(model_type)
+    if built and attention is not None:
+        notes.append(f"built tiny with {attention} attention")
+    probed = not seq2seq or _decoder_takes_positions(adapter)
+    notes += _limits(model, adapter, probed=probed, rope=not seq2seq)
+    if entry is not None and entry.reason and entry.state != engine.APPLIED:
+        notes.append(entry.reason)
+    patches = adapter is not None and engine.patchable(adapter.arch)
+    probes = _probes(model, adapter, static and adapter is not None, inputs)
+    if seq2seq:
+        probes += _encoder_probes(model, inputs, notes)
+        if static and adapter is not None and not any(probe.cache is not None for probe in probes):
+            notes.append("the decoder takes no StaticCache here: not probed")
+    rows = tuple(_run_scenario(model, adapter if patches else None, probe) for probe in probes)
+    if seq2seq and patches and not adapter.family.seq2seq:
+        notes.append(f"the {adapter.arch!r} adapter patches the decoder ({adapter.cls}) only: the encoder's "
+                     "positions are transformers' (pad encoder inputs on the right)")  # fmt: skip
+    if not any(probe.scenario.cached for probe in probes):
+        notes.append("the model returns no KV cache to continue from: the cached scenarios are not probed")
+    state = entry.state if entry is not None else "unknown to hfpatch"
+    by_hand = patches or inputs.positions in inspect.signature(model.forward).parameters
+    if not by_hand:
+        notes.append(f"the model takes no {inputs.positions}: the second column is stock's")
+    elif patches and entry.state != engine.APPLIED:
+        notes.append(
+            f"the {adapter.arch!r} adapter is {entry.state} here: its column is what patched() gives"
+        )
+    return Verification(model_type, state, rows, tuple(notes), patches, by_hand)
+
+
+def _seq2seq_inputs(model: Any, model_type: str) -> Inputs:
+    try:
+        return seq2seq_inputs(model)
+    except (AttributeError, TypeError) as exc:
+        raise CannotVerify(
+            f"{model_type}: cannot build its encoder input from the config: {first_line(exc)}"
+        ) from exc
+
+
+def _adapter_of_class(model: Any) -> Optional[Adapter]:
+    """The adapter of the outermost module of ``model`` whose class is a declared target."""
+    targets = {(a.module, a.cls): a for a in engine.registry().values()}
+    for module in model.modules():
+        adapter = targets.get((type(module).__module__, type(module).__name__))
+        if adapter is not None:
+            return adapter
+    return None
+
+
+def _limits(model: Any, adapter: Optional[Adapter], probed: bool = True, rope: bool = True) -> list[str]:
+    """The adapter's declared limits, and (``probed``: a model whose windows the scenarios reach; ``rope``:
+    and its rope scaling, a decoder-only model's) what its config sets that the scenarios do not probe."""
+    notes = list(adapter.limits) if adapter is not None else []
+    if not probed:
+        return notes
+    window = smallest_window(model, adapter.cls if adapter is not None else None)
+    configured = configured_window(model)
+    if configured and (adapter is None or not positional(model, adapter.cls)):
+        if not any("sliding window" in note for note in notes):
+            text = f"sliding window / chunked attention ({configured} tokens) left to transformers here"
+            notes.append(f"{text}: where its mask applies it, by cache column, a hole from a padded "
+                         "cached prefix inside the window stays wrong")  # fmt: skip
+    elif window and window > MAX_WINDOW_PROBE:
+        notes.append(f"sliding window / chunked attention ({window} tokens): not probed here")
+    if not rope:
+        return notes
+    scaled = scaled_rope(model)
+    if scaled is not None:
+        kind, threshold = scaled
+        if not per_row_scaling(kind):
+            notes.append(f"{kind} rope scales rows by the batch's longest on transformers "
+                         f"{installed_transformers()} (per row from 4.51, dynamic from 4.56)")  # fmt: skip
+        if threshold > MAX_ROPE_PROBE:
+            notes.append(f"{kind} rope past the original context ({threshold} tokens): not probed here")
+    return notes
+
+
+def _decoder_takes_positions(adapter: Optional[Adapter]) -> bool:
+    """A seq2seq decoder whose forward takes ``position_ids`` (T5Gemma ...): its windows are hfpatch's to
+    decide, as a decoder-only model's (the others have none)."""
+    return adapter is not None and adapter.family.seq2seq and adapter.family.hands_to is None
+
+
+def _probes(model: Any, adapter: Optional[Adapter], static: bool, inputs: Inputs) -> list[Probe]:
+    """Each scenario this model can run."""
+    seq2seq = is_seq2seq(model)
+    prefix = "decoder: " if seq2seq else ""
+    cached = cache_inputs(model, inputs)
+    name, inputs = (cache_name(model), cached) if cached is not None else (None, inputs)
+    probes = [Probe(prefix + s.name, s, inputs=inputs) for s in SCENARIOS if name is not None or not s.cached]
+    if static and name is not None and takes_static_cache(model, inputs):
+        variable = SCENARIOS[2]
+        factory = lambda: static_cache(model, len(variable.lengths), STATIC_SLOTS)  # noqa: E731
+        # decoder-only: a mask of every slot (a compiled decode loop's); a decoder: of past + new (generate's)
+        width = None if seq2seq else STATIC_SLOTS
+        probes.append(Probe(f"{prefix}{variable.name}, StaticCache", variable, factory, width, inputs))
+    window = None
+    if adapter is not None and positional(model, adapter.cls):
+        window = smallest_window(model, adapter.cls)
+    if name is not None and window is not None and window <= MAX_WINDOW_PROBE:  # holes inside a window
+        lengths = (window + 6, window + 3)
+        beyond = Scenario(f"{prefix}right-padded prefix past the window ({window}) + 2", lengths,
+                          ((window + 4, window + 1), (2, 2)), ((False, False), (True, False)))  # fmt: skip
+        probes.append(Probe(beyond.name, beyond, inputs=inputs))
+    if seq2seq:  # rope scaling of a decoder: not probed yet
+        return probes
+    scaled = scaled_rope(model)
+    if scaled is not None and scaled[1] <= MAX_ROPE_PROBE:  # a short row batched with one past the context
+        kind, threshold = scaled
+        lengths = (max(2, threshold // 2), threshold + 8)
+        crossing = Scenario(f"{kind}: rows of {lengths[0]} and {lengths[1]} tokens, one call", lengths,
+                            (lengths,), ((False, False),), cached=False)  # fmt: skip
+        probes.append(Probe(crossing.name, crossing, inputs=inputs))
+    return probes
+
+
+def _encoder_probes(model: Any, decoder: Inputs, notes: list[str]) -> list[Probe]:
+    """A left-padded encoder input, where the encoder takes token ids and a mask; each row with its own
+    decoder tokens, unpadded. Its hidden states at real tokens are compared."""
+    params = inspect.signature(model.forward).parameters
+    if model.main_input_name != "input_ids" or "attention_mask" not in params:
+        notes.append(f"the encoder takes {model.main_input_name}: encoder padding is not probed")
+        return []
+    tokens = torch.tensor(
+        [row[:3] for row in rows_of(ENCODER_SCENARIO, decoder.pad)]
+    )  # 3 decoder tokens each
+    inputs = Inputs(fixed=(("decoder_input_ids", decoder.tokens(tokens)),), pad=decoder.pad, encoder=True)
+    return [Probe(ENCODER_SCENARIO.name, ENCODER_SCENARIO, inputs=inputs)]
+
+
+def _run_scenario(model: Any, adapter: Optional[Adapter], probe: Probe) -> Row:
+    """Stock, then hfpatch (or, for a model hfpatch does not patch here, positions by hand), each against
+    every row alone."""
+    scenario, inputs = probe.scenario, probe.inputs
+    rows = rows_of(scenario, inputs.pad)
+    results, errors = [], []
+    for side in ("stock", "hfpatch"):
+        try:
+            if adapter is None:  # not patched here: stock, then positions from the mask by hand
+                by_hand = (
+                    side == "hfpatch" and inputs.positions in inspect.signature(model.forward).parameters
+                )
+                with engine.unpatched():
+                    call = PositionsByHand(model, inputs) if by_hand else model
+                    got = run_batch(call, model, rows, scenario, probe.cache, probe.width, inputs)
+            else:
+                context = engine.unpatched(adapter.arch) if side == "stock" else engine.patched(adapter.arch)
+                with context:
+                    got = run_batch(model, model, rows, scenario, probe.cache, probe.width, inputs)
+            with engine.unpatched():
+                results.append(
+                    max(
+                        diff_alone(model, r, row, out, inputs, [chunk[r] for chunk in scenario.chunks])
+                        for r, (row, out) in enumerate(zip(rows, got))
+                    )
+                )
+        except Exception as exc:  # noqa: BLE001 - a crash is a result of the probe
+            results.append(float("nan"))
+            errors.append(f"{side}: {type(exc).__name__}: {first_line(exc)}")
+    return Row(probe.name, results[0], results[1], "; ".join(errors))

@@ -1,0 +1,312 @@
+"""The scenarios ``verify`` runs, and the machinery that runs them: rows of token ids padded into one
+batch, split into KV-cached calls, each row's real outputs compared with the row run alone, unpadded.
+What differs between a decoder-only model and the decoder (or encoder) of an encoder-decoder model is
+an :class:`Inputs`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Callable, NamedTuple, Optional
+
+import torch
+
+from .._compat import attaches_static_caches, cache_name, new_static_cache, output_cache
+from ..positions import new_token_positions
+from .tiny import PAD, VOCAB
+
+__all__ = [
+    "DECODER_ONLY",
+    "ENCODER_SCENARIO",
+    "SCENARIOS",
+    "Inputs",
+    "PositionsByHand",
+    "Scenario",
+    "diff_alone",
+    "cache_inputs",
+    "encoder_input",
+    "is_seq2seq",
+    "outputs",
+    "rows_of",
+    "run_batch",
+    "scenario_rows",
+    "seq2seq_inputs",
+    "static_cache",
+    "takes_static_cache",
+]
+
+
+class Scenario(NamedTuple):
+    """Rows of real tokens, padded into one batch and split into calls (KV-cached where more than one)."""
+
+    name: str
+    lengths: tuple[int, ...]  # real tokens per row
+    chunks: tuple[tuple[int, ...], ...]  # chunks[c][r]: row r's tokens in call c
+    left: tuple[tuple[bool, ...], ...]  # left[c][r]: row r is padded on the left in call c
+    cached: bool = True  # more than one call: needs a KV cache
+
+
+SCENARIOS = (
+    # transformers #18104: a right-padded cached prefix, then one more token per row
+    Scenario("right-padded prefix + 1 token", (4, 5), ((3, 4), (1, 1)), ((False, False), (False, False))),
+    Scenario("left padding, one call", (3, 6), ((3, 6),), ((True, True),), cached=False),
+    Scenario(
+        "variable prefixes and suffixes",
+        (5, 5, 3),
+        ((3, 4, 1), (2, 1, 2)),
+        ((False,) * 3, (False, True, False)),
+    ),
+    # a left-padded prompt in the cache, continued by several tokens (4.36-4.37's SDPA mask code)
+    Scenario("left-padded prefix + 2 tokens", (4, 6), ((2, 4), (2, 2)), ((True, True), (False, False))),
+)
+
+
+def scenario_rows(scenario: Scenario, seed: int = 1) -> list[list[int]]:
+    """The token ids of a scenario's rows (fixed by ``seed``)."""
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(1, VOCAB, (n,), generator=generator).tolist() for n in scenario.lengths]
+
+
+class Inputs(NamedTuple):
+    """What differs between a decoder-only model and the decoder (or encoder) of an encoder-decoder one:
+    the names of the padded inputs, each row's own fixed inputs besides, the pad id, what is compared."""
+
+    ids: str = "input_ids"  # the padded token ids
+    mask: str = "attention_mask"  # their 2-D mask, past + new tokens
+    positions: str = "position_ids"  # what the second column passes by hand, for a model not patched
+    fixed: tuple[tuple[str, torch.Tensor], ...] = ()  # (name, [rows, ...]): row r's own, unpadded
+    pad: int = PAD
+    encoder: bool = False  # compare the encoder's hidden states (else logits, or a base model's states)
+    # pass use_cache=True; an encoder-decoder model's config says it already (SwitchTransformers hands the
+    # flag to its encoder too, which raises)
+    use_cache: bool = True
+    channels: int = (
+        0  # decoder inputs of audio codes [batch, tokens, channels] (Dia): each token on every one
+    )
+    # a prefix LM: each row alone runs through the scenario's same cached calls, with a mask of ones (in
+    # one call, its tokens would attend each other both ways)
+    prefix_lm: bool = False
+
+    def tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        """``ids`` ``[batch, tokens]`` as the model takes them."""
+        return ids[..., None].expand(*ids.shape, self.channels).contiguous() if self.channels else ids
+
+    def cache_kwargs(self, name: Optional[str], cache: Any) -> dict[str, Any]:
+        """The cache argument (``name``: the release's, None for no cache) and the ``use_cache`` flag."""
+        flag = {"use_cache": True} if self.use_cache else {}
+        return {name: cache, **flag} if name is not None else {}
+
+    def row(self, r: int, batch: int) -> dict[str, torch.Tensor]:
+        """The fixed inputs of rows ``r .. r + batch``."""
+        return {name: value[r : r + batch] for name, value in self.fixed}
+
+    def outputs(self, out: Any) -> torch.Tensor:
+        """``[batch, tokens, ...]``: audio codes' logits ``[batch * channels, tokens, vocab]`` regrouped."""
+        if self.encoder:
+            return out.encoder_last_hidden_state
+        logits = outputs(out)
+        if self.channels:
+            return logits.reshape(-1, self.channels, *logits.shape[1:]).transpose(1, 2)
+        return logits
+
+
+DECODER_ONLY = Inputs()
+ENCODER_ROWS = 3  # encoder inputs built per row: enough for every scenario
+ENCODER_SCENARIO = Scenario(
+    "encoder: left padding, one call", (5, 3), ((5, 3),), ((True, True),), cached=False
+)
+
+
+def is_seq2seq(model: Any) -> bool:
+    return bool(getattr(model.config, "is_encoder_decoder", False))
+
+
+def seq2seq_inputs(model: Any) -> Inputs:
+    """The decoder's inputs, each row with its own unpadded encoder input (``TypeError`` or
+    ``AttributeError`` where the config does not say how to build it)."""
+    encoder = encoder_input(model, ENCODER_ROWS)
+    decoder = getattr(model.config, "decoder_config", None)  # Dia's (the others keep theirs on the config)
+    pad = next(
+        (
+            p
+            for p in (getattr(c, "pad_token_id", None) for c in (model.config, decoder))
+            if isinstance(p, int)
+        ),
+        PAD,
+    )
+    channels = getattr(decoder, "num_channels", None) or 0  # audio codes: [batch, tokens, channels]
+    fixed = ((model.main_input_name, encoder),)
+    names = ("decoder_input_ids", "decoder_attention_mask", "decoder_position_ids")
+    return Inputs(*names, fixed, pad, use_cache=False, channels=channels)
+
+
+def encoder_input(model: Any, rows: int, seed: int = 0) -> torch.Tensor:
+    """Random encoder inputs of an encoder-decoder model, one per row, none padded, from its config:
+    token ids, raw audio (``input_values``), or speech features: Whisper's ``[mel bins, frames]`` (twice
+    its encoder's positions), else ``[frames, features]`` with the features the config names."""
+    generator = torch.Generator().manual_seed(seed)
+    config, name = model.config, model.main_input_name
+    if name == "inputs":  # a wrapper of any encoder (speech-encoder-decoder): what its encoder takes
+        name, config = model.get_encoder().main_input_name, model.get_encoder().config
+    if name == "input_ids":
+        return torch.randint(3, VOCAB, (rows, 5), generator=generator)
+    if name == "input_values":
+        return torch.randn(rows, 4000, generator=generator)
+    if getattr(config, "num_mel_bins", None) and getattr(config, "max_source_positions", None):
+        return torch.randn(rows, config.num_mel_bins, 2 * config.max_source_positions, generator=generator)
+    candidates = (
+        getattr(getattr(config, "encoder_config", None), "num_mel_bins", None),  # Parakeet encoders
+        getattr(config, "input_feat_per_channel", 0) * getattr(config, "input_channels", 0),  # Speech2Text
+        getattr(config, "feature_projection_input_dim", None),  # SeamlessM4T's speech encoder
+    )
+    features = next((value for value in candidates if value), None)
+    if features is None:
+        raise TypeError(f"{type(config).__name__} names no count of {name} features this probe knows")
+    return torch.randn(rows, 64, features, generator=generator)
+
+
+def rows_of(scenario: Scenario, pad: int) -> list[list[int]]:
+    """The scenario's rows (:func:`scenario_rows`), none of their tokens the pad id."""
+    return [[token if token != pad else pad + 1 for token in row] for row in scenario_rows(scenario)]
+
+
+def run_batch(
+    call: Callable[..., Any],
+    model: Any,
+    rows: list,
+    scenario: Scenario,
+    cache: Any,
+    width: Optional[int],
+    inputs: Inputs = DECODER_ONLY,
+) -> list[torch.Tensor]:
+    """Run ``rows`` as one padded batch in the scenario's KV-cached calls; each row's real outputs."""
+    batch, taken = len(rows), [0] * len(rows)
+    mask = torch.zeros(batch, 0, dtype=torch.long)
+    pieces: list[list[torch.Tensor]] = [[] for _ in rows]
+    name = cache_name(model) if scenario.cached else None
+    cache = cache() if cache is not None else None
+    for counts, lefts in zip(scenario.chunks, scenario.left):
+        new = max(counts)
+        ids = torch.full((batch, new), inputs.pad)
+        real = torch.zeros(batch, new, dtype=torch.long)
+        starts = [new - n if is_left else 0 for n, is_left in zip(counts, lefts)]
+        for r, (n, start) in enumerate(zip(counts, starts)):
+            ids[r, start : start + n] = torch.tensor(rows[r][taken[r] : taken[r] + n])
+            real[r, start : start + n] = 1
+            taken[r] += n
+        mask = torch.cat([mask, real], dim=1)
+        call_mask = (
+            mask if width is None else torch.cat([mask, mask.new_zeros(batch, width - mask.shape[1])], 1)
+        )
+        kwargs = inputs.cache_kwargs(name, cache)
+        with torch.no_grad():
+            out = call(
+                **{inputs.ids: inputs.tokens(ids), inputs.mask: call_mask}, **inputs.row(0, batch), **kwargs
+            )
+        returned = output_cache(out) if kwargs else None
+        cache = returned if returned is not None else cache  # some releases return a new cache object
+        for r, (n, start) in enumerate(zip(counts, starts)):
+            pieces[r].append(inputs.outputs(out)[r, start : start + n])
+    return [torch.cat(p) for p in pieces]
+
+
+def diff_alone(
+    model: Any,
+    r: int,
+    row: Sequence[int],
+    got: torch.Tensor,
+    inputs: Inputs = DECODER_ONLY,
+    counts: Sequence[int] = (),
+) -> float:
+    """Row ``r`` alone (its tokens unpadded, its own fixed inputs, one call, no mask) against ``got``; a
+    prefix LM's row alone runs through the same calls (``counts``: its tokens in each), a mask of ones."""
+    calls = [n for n in counts if n] if inputs.prefix_lm else [len(row)]
+    name = cache_name(model) if len(calls) > 1 else None
+    cache, taken, pieces = None, 0, []
+    for n in calls:
+        ids = torch.tensor([list(row[taken : taken + n])])
+        taken += n
+        mask = {inputs.mask: torch.ones(1, taken, dtype=torch.long)} if inputs.prefix_lm else {}
+        kwargs = inputs.cache_kwargs(name, cache)
+        with torch.no_grad():
+            out = model(**{inputs.ids: inputs.tokens(ids)}, **inputs.row(r, 1), **mask, **kwargs)
+        cache = output_cache(out) if kwargs else None
+        pieces.append(inputs.outputs(out)[0])
+    return (torch.cat(pieces) - got).abs().max().item()
+
+
+def outputs(out: Any) -> torch.Tensor:
+    """Logits, or a base model's hidden states."""
+    logits = getattr(out, "logits", None)
+    return logits if logits is not None else out.last_hidden_state
+
+
+class PositionsByHand:
+    """Calls ``model`` with positions from the mask (``position_ids``, or an encoder-decoder model's
+    ``decoder_position_ids``): what hfpatch would do, for a model it does not patch."""
+
+    def __init__(self, model: Any, inputs: Inputs = DECODER_ONLY) -> None:
+        self.model, self.inputs = model, inputs
+
+    def __call__(self, **kwargs: Any) -> Any:
+        mask, ids = kwargs[self.inputs.mask], kwargs[self.inputs.ids]
+        kwargs[self.inputs.positions] = new_token_positions(mask, ids.shape[1])
+        return self.model(**kwargs)
+
+
+def cache_inputs(model: Any, inputs: Inputs = DECODER_ONLY) -> Optional[Inputs]:
+    """``inputs`` (or with ``use_cache=True`` passed, where the config does not say it) where the model
+    hands back a KV cache to continue from; None where it does not (some keep their state inside)."""
+    if cache_name(model) is None:
+        return None
+    tries = [inputs] if inputs.use_cache else [inputs, inputs._replace(use_cache=True)]
+    for i, attempt in enumerate(tries):
+        flag = {"use_cache": True} if attempt.use_cache else {}
+        try:
+            with torch.no_grad():
+                out = model(
+                    **{attempt.ids: attempt.tokens(torch.tensor([[5, 6]]))}, **attempt.row(0, 1), **flag
+                )
+        except Exception:  # noqa: BLE001 - the flag passed on where it is not taken: no cache to probe
+            if i == 0:
+                raise
+            return None
+        if output_cache(out) is not None:
+            return attempt
+    return None
+
+
+def static_cache(model: Any, batch: int, length: int) -> Any:
+    """A ``StaticCache``; for an encoder-decoder model, its decoder's self-attention cache inside an
+    ``EncoderDecoderCache`` (the cross-attention's grows), as ``generate(cache_implementation="static")``
+    makes it."""
+    import transformers
+
+    cache = new_static_cache(model, batch, length)
+    if is_seq2seq(model):
+        return transformers.EncoderDecoderCache(cache, transformers.DynamicCache())
+    return cache
+
+
+def takes_static_cache(model: Any, inputs: Inputs = DECODER_ONLY) -> bool:
+    import transformers
+
+    if not hasattr(transformers, "StaticCache") or attaches_static_caches(model):
+        return False  # none before 4.38; 4.38-4.40 attach it to the layers instead
+    seq2seq = is_seq2seq(model)
+    if seq2seq and not hasattr(transformers, "EncoderDecoderCache"):
+        return False
+    # a decoder's probe passes a padded mask of past + new: some releases' SDPA path takes none with a
+    # StaticCache (an all-ones mask is dropped before it counts)
+    mask = {inputs.mask: torch.tensor([[0, 1]])} if seq2seq else {}
+    try:
+        with torch.no_grad():
+            model(
+                **{inputs.ids: inputs.tokens(torch.tensor([[5, 6]]))},
+                **inputs.row(0, 1),
+                **mask,
+                use_cache=True,
+                **{cache_name(model): static_cache(model, 1, 8)},
+            )
+        return True
+    except Exception:  # noqa: BLE001 - the model's own cache type (recurrent state, old release): no static probe
+        return False
