@@ -1,0 +1,132 @@
+"""Training through hfpatch: a padded batch's loss and gradients equal the sums of each row's own, run
+alone and unpadded on stock transformers, with and without activation checkpointing (reentrant or not).
+
+Checkpointing recomputes a layer in the backward pass, after the forward call that set hfpatch's call
+context has returned: what the layer reads from the call (T5's per-row relative bias, handed to its first
+layer) must be the same then, or the recomputed layer differs from the one the forward ran (a
+``CheckpointError``, a shape error, or silently wrong gradients with reentrant checkpointing).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+import hfpatch
+from hfpatch.verification.tiny import tiny_model, tiny_seq2seq
+
+from conftest import REGISTRY, arch_skip_reason
+from harness import PAD, WRONG, random_rows
+
+# one model type of each way positions enter a model: absolute, rotary, a position table (BART), a table
+# past the pad id (M2M100), T5's relative bias (its first layer: inside a checkpointed layer), Whisper's
+# decoder positions
+FAMILIES = ["gpt2", "llama", "bart", "m2m_100", "t5", "whisper"]
+NO_DROPOUT = {
+    "dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0, "dropout_rate": 0.0,
+    "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
+}  # fmt: skip
+MODES = {"none": None, "reentrant": True, "non-reentrant": False}
+ROWS = random_rows([3, 6], seed=5)
+TARGETS = random_rows([3, 6], seed=6)
+# how the rows are padded into one batch (one call, no cache): row 0 on the left; or each row with a pad
+# inside it (a hole after its first two tokens, as a ragged or packed batch has), which stock gets wrong
+# for every family
+LAYOUTS = ("left", "hole")
+
+
+def _model(arch: str) -> Any:
+    if arch_skip_reason(arch):
+        pytest.skip(arch_skip_reason(arch))
+    if REGISTRY[arch].family.seq2seq:
+        model = tiny_seq2seq(arch, attention="eager", **NO_DROPOUT)
+    else:
+        model = tiny_model(arch, attention="eager", sizes=NO_DROPOUT)
+    return model.train()  # checkpointing runs in training mode only; no dropout here, so it is exact
+
+
+def _padded(rows: list[list[int]], layout: str) -> tuple[list[list[int]], list[list[int]]]:
+    """(ids, mask) of ``rows`` padded into one batch; each row's real tokens keep their order."""
+    if layout == "hole":
+        rows = [row[:2] + [PAD] + row[2:] for row in rows]
+    width = max(len(row) for row in rows)
+    ids, mask = [], []
+    for row in rows:
+        pads = width - len(row)
+        real = [0 if layout == "hole" and i == 2 else 1 for i in range(len(row))]
+        ids.append([PAD] * pads + row if layout == "left" else row + [PAD] * pads)
+        mask.append([0] * pads + real if layout == "left" else real + [0] * pads)
+    return ids, mask
+
+
+def _inputs(model: Any, ids: list[list[int]], mask: list[list[int]]) -> dict[str, torch.Tensor]:
+    if not model.config.is_encoder_decoder:
+        return {"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(mask)}
+    return {
+        model.main_input_name: _encoder_input(model, len(ids)),
+        "decoder_input_ids": torch.tensor(ids),
+        "decoder_attention_mask": torch.tensor(mask),
+    }
+
+
+def _encoder_input(model: Any, rows: int) -> torch.Tensor:
+    """The same unpadded encoder input for every row (token ids, or Whisper's mel features)."""
+    generator = torch.Generator().manual_seed(0)
+    if model.main_input_name == "input_ids":
+        return torch.randint(3, 90, (1, 5), generator=generator).expand(rows, 5)
+    config = model.config
+    shape = (1, config.num_mel_bins, 2 * config.max_source_positions)
+    return torch.randn(*shape, generator=generator).expand(rows, *shape[1:])
+
+
+def _loss_and_grads(model: Any, rows: list, layout: str = "left") -> tuple[float, list[torch.Tensor]]:
+    """The summed cross entropy of every real token against its target, and the gradients."""
+    model.zero_grad(set_to_none=True)
+    ids, mask = _padded(rows, layout)
+    logits = model(**_inputs(model, ids, mask), use_cache=False).logits
+    loss = logits.new_zeros(())
+    for r, row in enumerate(rows):
+        real = torch.tensor(mask[r]).nonzero().flatten()
+        target = torch.tensor(TARGETS[ROWS.index(row)])
+        loss = loss + torch.nn.functional.cross_entropy(logits[r, real], target, reduction="sum")
+    loss.backward()
+    grads = [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
+    return loss.item(), grads
+
+
+def _reference(model: Any) -> tuple[float, list[torch.Tensor]]:
+    """Each row alone, unpadded, on stock transformers, without checkpointing: the sums."""
+    loss, grads = 0.0, None
+    with hfpatch.unpatched():
+        for row in ROWS:
+            one, row_grads = _loss_and_grads(model, [row])
+            loss += one
+            grads = row_grads if grads is None else [a + b for a, b in zip(grads, row_grads)]
+    return loss, grads
+
+
+def _worst(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    """The largest gradient difference, relative to the largest gradient."""
+    scale = max(x.abs().max().item() for x in b)
+    return max((x - y).abs().max().item() for x, y in zip(a, b)) / scale
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_padded_batch_trains_as_its_rows_alone(arch, mode, layout):
+    model = _model(arch)
+    loss_ref, grads_ref = _reference(model)
+    if layout == "hole" and REGISTRY[arch].family.hands_to != "padded table":  # stock is wrong here
+        # (M2M100's table counts the ids that are not the pad id: a pad in a hole is right on stock)
+        with hfpatch.unpatched():
+            stock_loss, stock_grads = _loss_and_grads(model, ROWS, layout)
+        assert _worst(stock_grads, grads_ref) > WRONG, f"{arch}: stock is right with a hole"
+    if MODES[mode] is not None:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": MODES[mode]})
+    loss, grads = _loss_and_grads(model, ROWS, layout)
+    assert abs(loss - loss_ref) <= 1e-5 * abs(loss_ref), (loss, loss_ref)
+    worst = _worst(grads, grads_ref)
+    assert worst <= 1e-5, f"{arch} ({mode}, {layout}): gradients off by {worst:.2e} of the largest"

@@ -1,0 +1,149 @@
+"""The shape of the package, checked from its source: no module of ``hfpatch`` imports one that imports
+it back, the call context is a leaf, only the patch ledger changes classes, and the declarations match
+the code that reads them (every family's hand-off has a receiver, every receiver a family)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import hfpatch
+from hfpatch.decoders import HANDS_TO
+
+PACKAGE = Path(hfpatch.__file__).resolve().parent
+MODULES = {
+    ".".join(("hfpatch", *path.relative_to(PACKAGE).with_suffix("").parts)).removesuffix(".__init__"): path
+    for path in PACKAGE.rglob("*.py")
+    if "bootstrap" not in path.parts  # sitecustomize: a top-level module of its own, run by the launcher
+}
+
+
+def _nodes(tree: ast.AST, top_only: bool) -> list[ast.AST]:
+    """Every node of ``tree``; with ``top_only``, those that run at import (not inside functions)."""
+    if not top_only:
+        return list(ast.walk(tree))
+    found, todo = [], [tree]
+    while todo:
+        node = todo.pop()
+        found.append(node)
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            todo += list(ast.iter_child_nodes(node))
+    return found
+
+
+def _imports(name: str, top_only: bool = False) -> set[str]:
+    """The hfpatch modules ``name`` imports, anywhere in its code (``top_only``: at import): ``from . import
+    x`` counts as importing ``x`` where ``x`` is a module, else the package it is taken from."""
+    path = MODULES[name]
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in _nodes(ast.parse(path.read_text()), top_only):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name.startswith("hfpatch"))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            if not source.startswith("hfpatch"):
+                continue
+            for alias in node.names:
+                submodule = f"{source}.{alias.name}"
+                found.add(submodule if submodule in MODULES else source)
+    return {module for module in found if module in MODULES and module != name}
+
+
+def _imports_torch_at_import(name: str) -> bool:
+    for node in _nodes(ast.parse(MODULES[name].read_text()), top_only=True):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        else:
+            continue
+        if any(n.split(".")[0] in ("torch", "transformers") for n in names):
+            return True
+    return False
+
+
+GRAPH = {name: _imports(name) for name in MODULES}
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    cycles = []
+
+    def visit(name: str, trail: list[str]) -> None:
+        for target in sorted(GRAPH[name]):
+            if target in trail:
+                cycles.append(" -> ".join([*trail[trail.index(target) :], target]))
+            elif target not in done:
+                visit(target, [*trail, target])
+        done.add(name)
+
+    done: set[str] = set()
+    for module in sorted(GRAPH):
+        if module not in done:
+            visit(module, [module])
+    assert not cycles, "import cycles:\n" + "\n".join(sorted(set(cycles)))
+
+
+def test_the_call_context_is_a_leaf():
+    """What a call reads lives in one module that imports nothing of hfpatch, nor torch."""
+    assert GRAPH["hfpatch._context"] == set()
+    assert not _imports_torch_at_import("hfpatch._context")
+    imports = [
+        n
+        for n in ast.walk(ast.parse(MODULES["hfpatch._context"].read_text()))
+        if "Import" in type(n).__name__
+    ]
+    assert all(getattr(n, "module", None) in ("__future__", "typing", None) for n in imports), imports
+
+
+def test_import_hfpatch_and_the_engine_import_no_torch_module():
+    """``import hfpatch`` and ``apply()`` stay light: nothing the package or the engine imports at import
+    loads torch or transformers (those modules are imported when a class is patched)."""
+    heavy = {name for name in MODULES if _imports_torch_at_import(name)}
+    reached, todo = set(), ["hfpatch", "hfpatch.engine"]
+    while todo:
+        name = todo.pop()
+        if name not in reached:
+            reached.add(name)
+            todo += sorted(_imports(name, top_only=True))
+    assert "hfpatch._compat" in heavy, "the check must see a module that does load torch"
+    assert not reached & heavy, f"imported by import hfpatch, and loads torch: {sorted(reached & heavy)}"
+
+
+def test_only_the_ledger_changes_classes():
+    """Every class attribute hfpatch sets or deletes goes through hfpatch/patches.py: one install loop and
+    one revert loop (rows of one kind, built by hfpatch/build.py)."""
+    offenders = []
+    for name, path in MODULES.items():
+        if name == "hfpatch.patches":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr in ("__setattr__", "__delattr__")
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "type"
+            ):
+                offenders.append(f"{name}:{node.lineno}")
+    assert not offenders, f"class attributes changed outside the ledger: {offenders}"
+
+
+@pytest.mark.parametrize("adapter", list(hfpatch.registry().values()), ids=list(hfpatch.registry()))
+def test_declarations_match_the_code_that_reads_them(adapter):
+    """A family that hands its positions on has a receiver in the code and in the adapter, and only
+    such a family declares one; its position module is named where the receiver needs one."""
+    family = adapter.family
+    if family.hands_to is None:
+        assert adapter.receiver is None and family.position_module is None
+        return
+    assert family.hands_to in HANDS_TO, f"no receiver for {family.hands_to!r}"
+    assert adapter.receiver is not None, f"{adapter.arch}: {family.hands_to!r} needs a receiver class"
+    relative = family.hands_to == "relative bias"
+    assert (family.position_module is None) == relative, "the relative bias is every layer's"
