@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Optional
 
-__all__ = ["CALL", "CarryContext", "Pin", "SdpaSwitch", "Users", "patched_here"]
+__all__ = ["CALL", "CarryContext", "Pin", "SdpaSwitch", "Users", "close_block", "open_block", "patched_here"]
 
 
 class _Call(threading.local):
@@ -31,20 +31,62 @@ CALL = _Call()
 
 
 class Pin:
-    """Whether ``apply()`` holds an adapter for the whole process (until ``revert()``)."""
+    """Whether ``apply()`` holds an adapter for the whole process (until ``revert()``), and ``fast``: it
+    is pinned and no thread has a ``patched()``/``unpatched()`` block open (then a call needs no look at
+    its thread's choice: the check every eager call makes first)."""
 
-    __slots__ = ("arch", "pinned")
+    __slots__ = ("arch", "_pinned", "fast")
 
     def __init__(self, arch: str) -> None:
         self.arch = arch
-        self.pinned = False
+        self._pinned = False
+        self.fast = False
+        _PINS.append(self)
+
+    @property
+    def pinned(self) -> bool:
+        return self._pinned
+
+    @pinned.setter
+    def pinned(self, value: bool) -> None:
+        with _BLOCKS_LOCK:
+            self._pinned = value
+            self.fast = value and not _blocks[0]
+
+
+_PINS: list[Pin] = []
+_BLOCKS_LOCK = threading.Lock()
+_blocks = [0]  # patched()/unpatched() blocks open, in every thread
+
+
+def open_block(overrides: dict[str, bool]) -> Optional[dict[str, bool]]:
+    """Enter a ``patched()``/``unpatched()`` block in this thread: its choices over the thread's own,
+    which are returned (for :func:`close_block`). No pin is fast while any block is open."""
+    with _BLOCKS_LOCK:
+        _blocks[0] += 1
+        if _blocks[0] == 1:
+            for pin in _PINS:
+                pin.fast = False
+    previous = CALL.overrides
+    CALL.overrides = {**(previous or {}), **overrides}
+    return previous
+
+
+def close_block(previous: Optional[dict[str, bool]]) -> None:
+    """Leave the block :func:`open_block` entered: the thread's previous choices are back."""
+    CALL.overrides = previous
+    with _BLOCKS_LOCK:
+        _blocks[0] -= 1
+        if not _blocks[0]:
+            for pin in _PINS:
+                pin.fast = pin._pinned
 
 
 def patched_here(pin: Pin) -> bool:
     """Whether an eager call in this thread gets the adapter's patch: this thread's ``patched()`` /
     ``unpatched()`` choice, else ``apply()``'s."""
     overrides = CALL.overrides
-    return pin.pinned if overrides is None else overrides.get(pin.arch, pin.pinned)
+    return pin._pinned if overrides is None else overrides.get(pin.arch, pin._pinned)
 
 
 class Users:
@@ -121,9 +163,13 @@ class _WithContext:
         self.function, self.saved = function, saved
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        before = (CALL.overrides, CALL.eager_mask, CALL.pending)
-        CALL.overrides, CALL.eager_mask, CALL.pending = self.saved
+        overrides, eager_mask, pending = self.saved
+        before = (CALL.eager_mask, CALL.pending)
+        previous = open_block(overrides) if overrides is not None else None
+        CALL.eager_mask, CALL.pending = eager_mask, pending
         try:
             return self.function(*args, **kwargs)
         finally:
-            CALL.overrides, CALL.eager_mask, CALL.pending = before
+            CALL.eager_mask, CALL.pending = before
+            if overrides is not None:
+                close_block(previous)

@@ -64,8 +64,8 @@ def build(adapter: Adapter, module: Any, pin: Pin) -> tuple[Patch, ...]:
             raise TypeError(f"{module.__name__}:{adapter.receiver} not found in this transformers release")
         rows.append(Patch(cls, *found))
     users = Users()
-    for cls, forward, raw in rotary_classes(module):
-        rows.append(Patch(cls, "forward", forward, per_row_forward(forward, raw, users), users))
+    for rotary in rotary_classes(module):
+        rows.append(Patch(rotary.cls, "forward", rotary.forward, per_row_forward(rotary, users), users))
     if plan.eager_mask_attr is not None:
         name = plan.eager_mask_attr
         rows.append(Patch(owner, name, owner.__dict__.get(name, ABSENT), SdpaSwitch(name)))

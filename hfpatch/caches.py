@@ -25,6 +25,7 @@ from .positions import static_fill_level
 
 __all__ = [
     "capacity",
+    "growing_past",
     "count_written",
     "counted_fill_level",
     "exact_fill_level",
@@ -50,6 +51,20 @@ def past_length(cache: Any) -> int:
             return 0
         return int(cache[0][0].shape[-2])
     return int(cache.get_seq_length())
+
+
+def growing_past(cache: Any) -> Optional[int]:
+    """Tokens held by no cache (0), a legacy tuple or a growing cache (one :func:`capacity` has read:
+    every call after the first); None for any other (a static cache, or one not read yet)."""
+    if cache is None:
+        return 0
+    if cache.__class__ is tuple or cache.__class__ is list:
+        return past_length(cache)
+    try:
+        grows = cache.__dict__[CAPACITY] == 0
+    except (AttributeError, KeyError):
+        return None
+    return int(cache.get_seq_length()) if grows else None
 
 
 def capacity(cache: Any) -> Optional[int]:

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any, Callable, NamedTuple, Optional, Union
 
-from ._context import CALL, Pin
+from ._context import CALL, Pin, close_block, open_block
 from .adapters import ADAPTERS, UNDECLARED
 from .declarations import Adapter, Undeclared
 from .patches import Ledger, Patch
@@ -298,12 +298,11 @@ def patched(archs: Archs = None) -> Iterator[Status]:
         installed = _want(names, holder=token)
         # models accelerate hooked before hfpatch was ever installed: found once, at the first install
         _rebind_hooked([row for row in installed if any(row in _states[name].rows for name in first)])
-    previous = CALL.overrides
-    CALL.overrides = {**(previous or {}), **dict.fromkeys(names, True)}
+    previous = open_block(dict.fromkeys(names, True))
     try:
         yield status()
     finally:
-        CALL.overrides = previous
+        close_block(previous)
         with _lock:
             for name in names:
                 state = _states[name]
@@ -322,13 +321,11 @@ def unpatched(archs: Archs = None) -> Iterator[Status]:
     >>> with hfpatch.unpatched(["gpt2"]):   # doctest: +SKIP
     ...     stock_logits = model(input_ids, attention_mask=mask).logits
     """
-    names = select(archs)
-    previous = CALL.overrides
-    CALL.overrides = {**(previous or {}), **dict.fromkeys(names, False)}
+    previous = open_block(dict.fromkeys(select(archs), False))
     try:
         yield status()
     finally:
-        CALL.overrides = previous
+        close_block(previous)
 
 
 def status() -> Status:

@@ -33,10 +33,12 @@ import functools
 from typing import Any, Callable, Optional, Union
 
 import torch
+from torch import Tensor
 
 from . import caches
 from ._compat import CACHE_NAMES
-from ._context import CALL, Pin
+from ._context import CALL, Pin, patched_here
+from .caches import CAPACITY
 from .declarations import Adapter
 from .decoders import call_with_positions
 from .plans import NO_SLOTS, SLOTS, SLOTS_REMOVED, Plan
@@ -67,22 +69,33 @@ def make_forward(adapter: Adapter, original: Callable, plan: Plan, pin: Pin) -> 
     family = adapter.family if adapter.family.hands_to is not None else None  # its forward takes no positions
     # explicit position_ids leave nothing to derive (4.38-5.3: unless a static cache's slots are missing)
     passes_explicit = plan.era != SLOTS
+    other = next((name for name in CACHE_NAMES if name != cache_kw), None)  # the cache's other name
+    # the filler of a call without cache_position (5.4+: positions only, as before 4.38)
+    plain = fill_positions if plan.era != SLOTS else fill
     is_compiling = torch.compiler.is_compiling
 
     @functools.wraps(original)  # keeps __wrapped__, so inspect.signature shows the original parameters
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
-        overrides = CALL.overrides
-        if not (pin.pinned if overrides is None else overrides.get(arch, pin.pinned)) and not is_compiling():
+        # every step runs this: attribute reads, membership tests and subscripts first, few calls
+        if not pin.fast and not is_compiling() and not patched_here(pin):
             return original(self, *args, **kwargs)
         if args:
             _bind_positional(adapter, plan, args, kwargs)
-        cache = _take_cache(plan, kwargs) if cache_kw is not None else None
-        if passes_explicit and kwargs.get("position_ids") is not None and "cache_position" not in kwargs:
-            return original(self, **kwargs)
-        if eager_mask is not None and not is_compiling() and _continues_a_prefix(kwargs):
+        cache = None
+        if cache_kw is not None:
+            if other in kwargs:  # passed by its other name (or by both)
+                cache = _take_cache(plan, kwargs)
+            elif cache_kw in kwargs:
+                cache = kwargs[cache_kw]
+        if "cache_position" in kwargs:
+            derived = fill(self, plan, kwargs, cache)
+        elif passes_explicit and "position_ids" in kwargs and kwargs["position_ids"] is not None:
+            return original(self, **kwargs)  # nothing to derive
+        elif eager_mask is not None and not is_compiling() and _continues_a_prefix(kwargs):
             fill(self, plan, kwargs, cache)
             return _with_eager_mask(original, self, kwargs)
-        derived = fill(self, plan, kwargs, cache)
+        else:
+            derived = plain(self, plan, kwargs, cache)
         if family is not None:  # handed to the position module instead (hfpatch.decoders)
             return call_with_positions(self, family, original, kwargs, derived[0] if derived else None)
         if derived is not None and window is not None:
@@ -143,23 +156,41 @@ def _take_cache(plan: Plan, kwargs: dict) -> Any:
 
 def fill_positions(model: Any, plan: Plan, kwargs: dict, cache: Any) -> Derived:
     """Releases without ``cache_position`` (and the growing caches of every release): positions only.
-    The checks of :func:`_mask_to_read` and :func:`_inputs`, written out: this runs at every step."""
-    mask = kwargs.get("attention_mask")
-    if kwargs.get("position_ids") is not None or not isinstance(mask, torch.Tensor) or mask.dim() == 4:
+    The checks of :func:`_mask_to_read`, :func:`_inputs` and :func:`_checked_length` are written out,
+    each tensor's shape read once: this runs at every decode step."""
+    mask = kwargs["attention_mask"] if "attention_mask" in kwargs else None
+    if mask is None or ("position_ids" in kwargs and kwargs["position_ids"] is not None):
         return None
-    tokens, rank = kwargs.get("input_ids"), plan.ids_rank
+    if mask.__class__ is not Tensor and not isinstance(mask, Tensor):
+        return None  # not a tensor (a flex-attention BlockMask): the caller's
+    shape = mask.shape
+    if len(shape) == 4:
+        return None  # a 4-D mask: the caller's
+    tokens, rank = (kwargs["input_ids"] if "input_ids" in kwargs else None), plan.ids_rank
     if tokens is None:
         tokens, rank = kwargs.get("inputs_embeds"), 3
-    if tokens is None or tokens.dim() != rank:
+    inputs = tokens.shape if tokens is not None else ()
+    if len(inputs) != rank:
         return None
-    num_new, mask_len = tokens.shape[1], _checked_length(mask, tokens)
-    past = _past(cache, num_new, mask_len, strict=True)
-    if type(past) is int and mask_len == past + num_new:  # the usual mask: past + new tokens
+    if len(shape) != 2 or shape[0] != inputs[0]:
+        _checked_length(mask, tokens)  # raises, saying which
+    num_new, mask_len = inputs[1], shape[1]
+    if cache is None:
+        past = 0
+    elif cache.__class__ not in _SEQUENCES and not cache.__dict__.get(CAPACITY, 1):  # a growing cache
+        past = cache.get_seq_length()
+    else:  # a legacy tuple, a static cache, a cache not read yet
+        past = caches.growing_past(cache)
+    if past is not None and mask_len == past + num_new:  # the usual mask: past + new tokens
         kwargs["position_ids"] = new_token_positions(mask, num_new)
         return mask, num_new, past
+    past = _past(cache, num_new, mask_len, strict=True)  # a static cache, or a mask that is wrong
     where = _where_new(num_new, past, mask_len)
     kwargs["position_ids"] = new_token_positions(mask, num_new, where)
     return mask, num_new, past if where is None else where
+
+
+_SEQUENCES = (tuple, list)  # legacy caches
 
 
 def fill_slots(model: Any, plan: Plan, kwargs: dict, cache: Any) -> Derived:

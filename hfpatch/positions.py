@@ -78,7 +78,9 @@ def new_token_positions(
         >>> new_token_positions(mask, 1)
         tensor([[3]])
     """
-    real = attention_mask != 0
+    real = attention_mask.ne(0)
+    if slots is None and num_new == 1:  # a decode step, mask of past + new: the row's real tokens, less one
+        return real.sum(-1, keepdim=True).sub_(1).clamp_(min=0)
     if isinstance(slots, torch.Tensor):  # columns given by index (a full-length static-cache mask)
         index = slots if slots.dim() == 1 else slots.reshape(-1)
         index = index if index.device == real.device else index.to(real.device)

@@ -31,7 +31,7 @@ from __future__ import annotations
 import functools
 import inspect
 import threading
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import torch
 
@@ -41,6 +41,7 @@ from ._context import Users
 __all__ = [
     "DYNAMIC",
     "LONGROPE",
+    "Rotary",
     "per_row_forward",
     "per_row_scaling",
     "rotary_classes",
@@ -82,41 +83,86 @@ def per_row_scaling(kind: str) -> bool:
     return _decorator_code() is not None and (kind != DYNAMIC or _ntk_takes_tensors())
 
 
-def rotary_classes(module: Any) -> list[tuple[type, Callable, Callable]]:
+class Rotary(NamedTuple):
+    """A rotary class whose ``forward`` transformers wraps in ``dynamic_rope_update``."""
+
+    cls: type
+    forward: Callable  # the class's own forward (what is replaced)
+    stock: Callable  # ``dynamic_rope_update``'s wrapper: the batch's scaling (transformers')
+    raw: Callable  # the undecorated forward under it
+    no_grad: Optional[bool]  # above the wrapper: nothing (False), ``torch.no_grad()`` (True), else None
+
+
+def rotary_classes(module: Any) -> list[Rotary]:
     """Every rotary class defined in ``module`` whose ``forward`` transformers wraps in
-    ``dynamic_rope_update``: (class, its own ``forward``, the undecorated one)."""
+    ``dynamic_rope_update`` (on 4.x under ``torch.no_grad()``)."""
     code = _decorator_code()
     found = []
     for value in list(vars(module).values()):
         if not (isinstance(value, type) and value.__module__ == module.__name__):
             continue
         original = vars(value).get("forward")
-        raw = _undecorated(original, code)
-        if raw is not None:
-            found.append((value, original, raw))
+        above, wrapper = [], original
+        while wrapper is not None and code is not None and getattr(wrapper, "__code__", None) is not code:
+            above.append(wrapper)
+            wrapper = getattr(wrapper, "__wrapped__", None)
+            if len(above) > 8:
+                wrapper = None
+        if wrapper is None:
+            continue
+        no_grad = None if len(above) > 1 else bool(above) and _is_no_grad(above[0])
+        found.append(Rotary(value, original, wrapper, wrapper.__wrapped__, no_grad if above else False))
     return found
 
 
-def per_row_forward(original: Callable, raw: Callable, users: Users) -> Callable:
+def _is_no_grad(function: Any) -> Optional[bool]:
+    """True for a function decorated with ``torch.no_grad()``; None for any other decorator."""
+    code = torch.no_grad()(lambda: None).__code__
+    if getattr(function, "__code__", None) is not code:
+        return None
+    cells = dict(zip(function.__code__.co_freevars, function.__closure__ or ()))
+    factory = getattr(cells.get("ctx_factory"), "cell_contents", None)
+    return True if isinstance(getattr(factory, "__self__", None), torch.no_grad) else None
+
+
+def per_row_forward(rotary: Rotary, users: Users) -> Callable:
     """The replacement rotary ``forward``: per-row scaling for longrope and dynamic NTK in a call where
-    an adapter of its module (``users``) is patched (compiled code: always), the original otherwise."""
+    an adapter of its module (``users``) is patched (compiled code: always), transformers' own scaling
+    otherwise. It takes the place of transformers' ``dynamic_rope_update`` wrapper (under the same
+    ``torch.no_grad()`` where the release has one): for a rope type whose scaling does not depend on the
+    length it calls the undecorated forward, as that wrapper does, so a call pays no extra frame. Above
+    any other decorator, it wraps the class's forward instead."""
+    known = rotary.no_grad is not None
+    unscaled = rotary.raw if known else rotary.forward
+    stock = rotary.stock if known else rotary.forward
+    scaled = _scaled_forward(stock, rotary.raw, users)
+
+    @functools.wraps(rotary.forward)
+    def forward(self: Any, x: torch.Tensor, position_ids: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        rope_type = self.rope_type
+        if not args and not kwargs and rope_type.__class__ is str and rope_type != "longrope":
+            if "dynamic" not in rope_type:  # most calls
+                return unscaled(self, x, position_ids)
+        return scaled(self, x, position_ids, args, kwargs)
+
+    replacement = torch.no_grad()(forward) if rotary.no_grad else forward
+    replacement.__hfpatch_rope__ = True  # type: ignore[attr-defined]
+    return replacement
+
+
+def _scaled_forward(stock: Callable, raw: Callable, users: Users) -> Callable:
+    """A rotary call that may be scaled: per row where hfpatch applies, ``stock`` otherwise."""
     broadcasts = _broadcasts(raw)  # read once, here: inspect cannot run under dynamo
     ntk_takes_tensors = _ntk_takes_tensors()
 
-    @functools.wraps(original)
-    def forward(self: Any, x: torch.Tensor, position_ids: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        rope_type = self.rope_type
-        if (
-            type(rope_type) is str and rope_type != LONGROPE and DYNAMIC not in rope_type
-        ):  # most calls: at once
-            return original(self, x, position_ids, *args, **kwargs)
+    def scaled(self: Any, x: torch.Tensor, position_ids: torch.Tensor, args: tuple, kwargs: dict) -> Any:
         layer_type = kwargs.get("layer_type", args[0] if args else None)
-        rope_type = rope_type if layer_type is None else rope_type[layer_type]
+        rope_type = self.rope_type if layer_type is None else self.rope_type[layer_type]
         kind = scaled_rope_kind(rope_type)
         if kind is None or (kind == DYNAMIC and not ntk_takes_tensors):
-            return original(self, x, position_ids, *args, **kwargs)
+            return stock(self, x, position_ids, *args, **kwargs)
         if not torch.compiler.is_compiling() and not users.any_patched_here():
-            return original(self, x, position_ids, *args, **kwargs)
+            return stock(self, x, position_ids, *args, **kwargs)
         lengths = _row_lengths(position_ids)
         prefix = "" if layer_type is None else f"{layer_type}_"
         short = getattr(self, f"{prefix}original_inv_freq").to(x.device)
@@ -131,8 +177,7 @@ def per_row_forward(original: Callable, raw: Callable, users: Users) -> Callable
         rows = torch.where((lengths > self.original_max_seq_len)[:, None], ntk, short)  # [batch, dim/2]
         return _dynamic(self, raw, x, position_ids, rows, prefix, broadcasts, args, kwargs)
 
-    forward.__hfpatch_rope__ = True  # type: ignore[attr-defined]
-    return forward
+    return scaled
 
 
 def _longrope(
@@ -250,17 +295,6 @@ def _long_inv_freq(
 def _decorator_code() -> Any:
     decorator = getattr(modeling_rope_utils, "dynamic_rope_update", None)
     return None if decorator is None else decorator(lambda self, x, position_ids: None).__code__
-
-
-def _undecorated(function: Any, code: Any) -> Optional[Callable]:
-    """The rotary forward under ``dynamic_rope_update``'s wrapper, if ``function`` is (or wraps) one."""
-    for _ in range(8):
-        if function is None or code is None:
-            return None
-        if getattr(function, "__code__", None) is code:
-            return function.__wrapped__
-        function = getattr(function, "__wrapped__", None)
-    return None
 
 
 @functools.cache
