@@ -6,11 +6,11 @@
     nox -s integrations                     # peft, trl, accelerate, ray, deepspeed, sentence-transformers,
                                             # processes and launchers (CI runs it)
     nox -s wheel                            # the built wheel, installed as users install it (CI runs it)
-    python compat/report.py                 # compat/results/ -> compat/REPORT.md + compat/summary.json
+    python compat/report.py                 # compat/evidence/ -> compat/REPORT.md
 
 Each matrix session makes (or, with -R, reuses) a virtualenv with torch and that release, installs
-hfpatch from the checkout, runs the whole test suite (JUnit XML) and the stock-vs-hfpatch case count
-(JSON) into compat/results/.
+hfpatch from the checkout, runs the whole test suite (JUnit XML into compat/results/, not committed)
+and the stock-vs-hfpatch case count, and merges both into compat/evidence/RELEASE.json.
 """
 
 from __future__ import annotations
@@ -42,27 +42,43 @@ def _free_disk(session: nox.Session) -> None:
 
 
 def _run_release(session: nox.Session, release: str, strict: bool) -> None:
-    session.install(TORCH)  # the CPU build; never an unpinned torch
-    for step in install_steps(release):
-        session.install(*step)
-    session.install(*TEST_DEPENDENCIES)
-    session.install("--no-deps", "--force-reinstall", str(ROOT))
+    _install(session, release)
     RESULTS.mkdir(parents=True, exist_ok=True)
     session.env.update(OMP_NUM_THREADS="1")
     # the whole suite, slow tests included; the inductor test runs once, on the newest release (ci);
     # test_compat_report checks the committed report against the declarations: not a per-release test
     marks = "not inductor" if not strict or release != NEWEST else "slow or not slow"
     profile = "--hypothesis-profile=matrix" if not strict else "--hypothesis-profile=default"
+    junit = RESULTS / f"{release}.xml"
     session.chdir(ROOT)
     session.run(
         "python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", marks, profile,
-        "--ignore=tests/test_compat_report.py", f"--junitxml={RESULTS / (release + '.xml')}",
-        *session.posargs,
+        "--ignore=tests/test_compat_report.py", f"--junitxml={junit}", *session.posargs,
         success_codes=[0] if strict else [0, 1],  # matrix: a failing test is a result for the report
     )  # fmt: skip
-    if not strict:  # the report's stock-vs-hfpatch counts; CI only needs the tests
-        session.run("python", "compat/count_cases.py", str(RESULTS / f"{release}.cases.json"))
+    if not strict:  # the evidence: this run's results, and the stock-vs-hfpatch counts; CI only needs the tests
+        junit.with_suffix(".commit").write_text(_commit() + "\n")
+        cases = RESULTS / f"{release}.cases.json"
+        session.run("python", "compat/count_cases.py", str(cases))
+        session.run("python", "compat/evidence.py", release, str(junit))
+        session.run("python", "compat/evidence.py", "--cases", release, str(cases))
     _free_disk(session)
+
+
+def _install(session: nox.Session, release: str) -> None:
+    """torch (the CPU build: never an unpinned torch), ``release``, the test dependencies, hfpatch."""
+    session.install(TORCH)
+    for step in install_steps(release):
+        session.install(*step)
+    session.install(*TEST_DEPENDENCIES)
+    session.install("--no-deps", "--force-reinstall", str(ROOT))
+
+
+def _commit() -> str:
+    import subprocess
+
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    return done.stdout.strip() or "unknown"
 
 
 @nox.session(reuse_venv=True)
@@ -83,12 +99,8 @@ def ci(session: nox.Session, transformers: str) -> None:
 @nox.parametrize("transformers", ["5.5.4"])
 def decoders(session: nox.Session, transformers: str) -> None:
     """The encoder-decoder and vision-language tests on a release between the CI's last two (Whisper's
-    generate() is wrong on stock 5.3-5.15, the Qwen-VL text models are patched from 5.5)."""
-    session.install(TORCH)
-    for step in install_steps(transformers):
-        session.install(*step)
-    session.install(*TEST_DEPENDENCIES)
-    session.install("--no-deps", "--force-reinstall", str(ROOT))
+    generate() is wrong on stock 5.3-5.15, the Qwen-VL text models are patched from 5.2)."""
+    _install(session, transformers)
     session.env.update(OMP_NUM_THREADS="1")
     session.chdir(ROOT)
     session.run(

@@ -1,6 +1,6 @@
-"""The release matrix, stated once: which transformers releases it tests, how each one installs, which
-ones CI runs, and the rule that turns one release's probe results into a verdict. ``noxfile.py``,
-``probe_matrix.sh``, ``run_matrix.sh``, ``report.py`` and the tests read it from here.
+"""The release matrix, stated once: which transformers releases it tests, how each one installs (torch
+pinned: the CPU build), which ones CI runs. ``noxfile.py``, ``probe_matrix.sh``, ``run_matrix.sh``,
+``report.py`` and the tests read it from here.
 
     python compat/matrix.py releases                  # one release a line
     python compat/matrix.py setup PYTHON              # torch and the test dependencies into PYTHON's
@@ -9,7 +9,6 @@ ones CI runs, and the rule that turns one release's probe results into a verdict
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -68,47 +67,6 @@ def install(release: str, python: str) -> None:
         subprocess.run([python, "-m", "pip", "uninstall", "-q", "-y", "tokenizers"], check=True)
     for step in install_steps(release):
         subprocess.run([*pip, *step], check=True)
-
-
-NOT_SHIPPED = "is not in transformers"  # how a probe test says it skipped a model type the release lacks
-
-
-WRONG = "wrong with the positions"
-STOCK_FAILS = "a scenario fails on stock too"
-STOCK_RIGHT = "right on stock there"
-CLASS_DIFFERS = "class differs"
-NOT_BUILDABLE = "tiny model does not run"
-FAILURE_KINDS = (WRONG, STOCK_FAILS, STOCK_RIGHT, CLASS_DIFFERS, NOT_BUILDABLE)  # a cell's reason, in order
-
-
-def failure_kind(text: str) -> str:
-    """Why a probe run failed, from its failure text: hfpatch patched the model and it is still wrong
-    (a limit of that release); a scenario raises on stock transformers too (e.g. a cache the model
-    makes itself, sized to the prompt); stock is right there already (nothing to patch); the release's
-    class is not the one hfpatch patches (its signature or its name: the patch raises where stock runs);
-    or the tiny model cannot be built or run there (nothing measured)."""
-    if "signature mismatch" in text or "not found in this transformers release" in text:
-        return CLASS_DIFFERS
-    if "WRONG with hfpatch" in text:  # hfpatch.verify's table; a row's error names the side that raised
-        if "stock: " in text:
-            return STOCK_FAILS
-        return CLASS_DIFFERS if "hfpatch: " in text else WRONG  # the patch raises where stock runs
-    if re.search(r": hfpatch \S+, stock \S+", text):  # the decoder and wrapper tests' message
-        return WRONG
-    if "stock is right" in text:
-        return STOCK_RIGHT
-    return NOT_BUILDABLE
-
-
-def probe_verdict(runs: dict) -> str:
-    """One release's probe of one model type (``{attention: {"outcome", "message", ...}}``, eager and
-    SDPA): ``pass``, ``fail``, ``absent`` (the release does not ship it) or ``outside`` (skipped)."""
-    outcomes = {run["outcome"] for run in runs.values()}
-    if "fail" in outcomes:
-        return "fail"
-    if "pass" in outcomes:
-        return "pass"
-    return "absent" if any(NOT_SHIPPED in run["message"] for run in runs.values()) else "outside"
 
 
 if __name__ == "__main__":

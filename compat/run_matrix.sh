@@ -2,7 +2,7 @@
 # The full release matrix, then the report: bash compat/run_matrix.sh [JOBS] [RELEASE ...]
 # Runs the nox session of every release in compat/matrix.py (or the ones named), JOBS at a time
 # (default 2; each uses one torch thread), deletes each virtualenv after its session (about 1 GB
-# each), then regenerates compat/REPORT.md and compat/summary.json from compat/results/.
+# each), then regenerates compat/REPORT.md from compat/evidence/ (each session merges its results there).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=${1:-2}
@@ -12,14 +12,12 @@ releases=("$@")
 envdir=${NOX_ENVDIR:-.nox}
 mkdir -p compat/results/logs
 run_one() {
-  local release=$1 session="matrix(transformers='$1')" commit
-  commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)  # the code the session installs
+  local release=$1 session="matrix(transformers='$1')"
   if nox --envdir "$envdir" -s "$session" >"compat/results/logs/$release.log" 2>&1; then
     echo "$release ok"
   else
     echo "$release FAILED (see compat/results/logs/$release.log)"
   fi
-  printf '%s %s\n' "$release" "$commit" >> compat/results/COMMITS
   rm -rf "$envdir"/matrix-transformers-"${release//./-}"*
 }
 export -f run_one

@@ -11,11 +11,12 @@ import contextlib
 import functools
 import inspect
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Optional
 
 import pytest
 import torch
 from hypothesis import HealthCheck, settings
+from probes import Probe
 
 import hfpatch
 from hfpatch import engine
@@ -24,7 +25,7 @@ from hfpatch.plans import Plan, read_plan
 from hfpatch.support import installed_transformers, release_has, support
 from hfpatch.verification.tiny import tiny_model
 
-from expectations import FLAGSHIPS
+from expectations import ABSENT, CLASS_DIFFERS, FLAGSHIPS, OUTSIDE
 from harness import cache_kwarg, static_cache
 
 settings.register_profile(
@@ -92,6 +93,30 @@ def pytest_configure(config: pytest.Config) -> None:
         OUTSIDE_RANGES.append(True)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A full-suite test's column in compat/REPORT.md (its ``invariant`` marker), as a JUnit property."""
+    for item in items:
+        marker = item.get_closest_marker("invariant")
+        if marker is not None:
+            item.user_properties.append(("invariant", marker.args[0]))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call" or report.outcome != "passed":
+        item._probe_report = report  # type: ignore[attr-defined]  (read by the probe fixture's teardown)
+
+
+@pytest.fixture
+def probe(request: pytest.FixtureRequest) -> Iterator[Probe]:
+    """The verdict of a release-probe test (tests/probes.py), recorded for compat/evidence.py."""
+    found = Probe(request.node)
+    yield found
+    found.close(getattr(request.node, "_probe_report", None))
+
+
 _PROBING: set[str] = set()  # the adapters this test patches outside their ranges (require_covered)
 
 
@@ -109,16 +134,24 @@ def probed_here(arch: str) -> bool:
     return arch_skip_reason(arch) is None or bool(OUTSIDE_RANGES and release_has(REGISTRY[arch]))
 
 
-def require_covered(arch: str) -> None:
+def require_covered(arch: str, probe: Optional[Probe] = None) -> None:
     """Skip unless ``arch`` runs patched on this release (:func:`probed_here`). Under ``--outside-ranges``
     (the release probe: the evidence for the ranges), an adapter outside its range is patched for this
     test with the switch users have for it, ``apply(arch, ignore_ranges=True)``: one adapter at a time,
-    so that one that cannot install on a release fails its own tests only."""
+    so that one that cannot install on a release fails its own tests only. ``probe``: the test's record
+    (absent, outside, or a class hfpatch cannot patch here)."""
     if not probed_here(arch):
+        if probe is not None:
+            probe.found(ABSENT if not release_has(REGISTRY[arch]) else OUTSIDE)
         pytest.skip(arch_skip_reason(arch))
     if arch_skip_reason(arch) is not None:
         _PROBING.add(arch)
         hfpatch.apply(arch, ignore_ranges=True)
+    entry = hfpatch.status()[arch]
+    if entry.state == "skipped":  # the release's class is not the one the adapter patches
+        if probe is not None:
+            probe.found(CLASS_DIFFERS)
+        pytest.fail(f"{arch}: hfpatch cannot patch {entry.target} here: {entry.reason}")
 
 
 @functools.cache
@@ -219,6 +252,7 @@ _models: dict[str, Any] = {}
 
 @pytest.fixture(params=FLAGSHIPS)
 def arch(request: pytest.FixtureRequest) -> str:
+    request.node.user_properties.append(("arch", request.param))  # compat/REPORT.md's column
     reason = arch_skip_reason(request.param)
     if reason:
         pytest.skip(reason)

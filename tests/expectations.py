@@ -45,3 +45,17 @@ def has_holes(scenario: Scenario) -> bool:
         if "0" in text:
             return True
     return False
+
+
+# What a release-probe test found, recorded as a JUnit property (``kind``) that compat/evidence.py reads;
+# no message is parsed. The failure kinds, in the order a cell reports them.
+EXACT = "exact"
+WRONG_WITH_POSITIONS = "wrong with the positions"  # hfpatch patched it and it is still wrong
+STOCK_FAILS = "a scenario fails on stock too"  # transformers raises there, with or without hfpatch
+STOCK_RIGHT = "right on stock there"  # nothing to patch
+CLASS_DIFFERS = "class differs"  # the release's class is not the one hfpatch patches (or the patch raises)
+NOT_BUILDABLE = "tiny model does not run"  # failed before anything was measured
+FAILURE_KINDS = (WRONG_WITH_POSITIONS, STOCK_FAILS, STOCK_RIGHT, CLASS_DIFFERS, NOT_BUILDABLE)
+ABSENT = "absent"  # skipped: the release does not ship the model type
+OUTSIDE = "outside"  # skipped: outside the declared range (the probe patches it with --outside-ranges)
+SKIPPED = "skipped"  # skipped for another reason (its message says)

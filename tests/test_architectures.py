@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import pytest
 from packaging.version import Version
+from probes import judge_verification
 
 import hfpatch
 from hfpatch.support import NEWEST_TESTED
 from hfpatch.verification.tiny import tiny_model, tiny_seq2seq
 
 from conftest import REGISTRY, SEQ2SEQ_MODEL_TYPES, TF, require_covered
+from expectations import ABSENT, OUTSIDE
 from harness import TOLERANCE, WRONG
 
 # the model types that run a patched class: each adapter's own and its aliases (exaone runs LlamaModel),
@@ -54,10 +56,12 @@ def _tiny(model_type: str, attention: str):
 
 @pytest.mark.parametrize("attention", ["eager", "sdpa"])
 @pytest.mark.parametrize("name, model_type", PARAMS)
-def test_verify_covered_architecture(name, model_type, attention, record_property):
-    require_covered(name)
+def test_verify_covered_architecture(name, model_type, attention, probe):
+    probe.of(model_type, attention)
+    require_covered(name, probe)
     alias_since = dict(REGISTRY[name].alias_since).get(model_type)
     if alias_since is not None and TF < Version(alias_since):
+        probe.found(OUTSIDE)
         pytest.skip(
             f"{model_type} is verified from {alias_since} (its tiny model builds there); installed {TF}"
         )
@@ -66,13 +70,14 @@ def test_verify_covered_architecture(name, model_type, attention, record_propert
 
         transformers.AutoConfig.for_model(model_type)
     except ValueError as exc:
+        probe.found(ABSENT)
         pytest.skip(f"model type {model_type} is not in transformers {TF}: {exc}")
     result = hfpatch.verify(_tiny(model_type, attention))
-    record_property("stock", max(row.stock for row in result.rows))  # for compat/REPORT.md
-    record_property("hfpatch", max(row.patched for row in result.rows))
+    newest = TF >= Version(NEWEST_TESTED)
+    judge_verification(probe, result, stock_wrong_expected=newest)
     assert result.patches and result.ok, str(result)
     assert all(row.patched <= TOLERANCE for row in result.rows)
-    if TF >= Version(NEWEST_TESTED):
+    if newest:
         assert result.stock_wrong, f"stock transformers is right: the declaration is stale\n{result}"
 
 

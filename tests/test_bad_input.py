@@ -12,6 +12,8 @@ import hfpatch
 from conftest import static_cache_skip_reason
 from harness import cache_kwarg, output_cache, random_rows, static_cache
 
+pytestmark = pytest.mark.invariant("I7")  # compat/REPORT.md's column
+
 
 def _prefix(model):
     (row,) = random_rows([4], seed=6)

@@ -26,6 +26,8 @@ from harness import (
     static_cache,
 )
 
+pytestmark = pytest.mark.invariant("I5")  # compat/REPORT.md's column
+
 ROWS_CHUNKS = (((3, 4), (2, 1), (1, 1)), ((False, False), (True, False), (False, False)))
 
 

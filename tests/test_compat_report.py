@@ -1,11 +1,10 @@
-"""The adapters' declared release ranges match the evidence: compat/summary.json, generated with
-compat/REPORT.md from the release matrix (bash compat/run_matrix.sh: the full suite on the flagship
-architectures; bash compat/probe_matrix.sh: hfpatch.verify on every covered model type). It checks
-the committed report, not the installed transformers, so the nox matrix sessions leave it out."""
+"""The adapters' declared release ranges match the evidence: compat/evidence/ (one file per release,
+from the release matrix: bash compat/run_matrix.sh, the full suite on the flagship architectures; bash
+compat/probe_matrix.sh, every covered model type), from which compat/REPORT.md is generated. It checks
+the committed evidence, not the installed transformers, so the nox matrix sessions leave it out."""
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -20,22 +19,38 @@ from expectations import FLAGSHIPS
 COMPAT = Path(__file__).resolve().parent.parent / "compat"
 sys.path.insert(0, str(COMPAT))
 
-from matrix import RELEASES, probe_verdict  # noqa: E402
+import evidence  # noqa: E402
+import report  # noqa: E402
+
+from matrix import RELEASES  # noqa: E402
 
 REGISTRY = hfpatch.registry()
 # every adapter's model types: the probe runs causal LMs and encoder-decoder models alike (hfpatch.verify)
 COVERED = [(name, alias) for name, adapter in REGISTRY.items() for alias in (name, *adapter.aliases)]
-SUMMARY_FILE = COMPAT / "summary.json"
-SUMMARY = json.loads(SUMMARY_FILE.read_text()) if SUMMARY_FILE.exists() else {}
+SUMMARY = report.build()
 
 
 def test_report_covers_every_listed_release():
-    assert SUMMARY_FILE.exists(), "no compat/summary.json: run bash compat/run_matrix.sh"
     assert list(SUMMARY) == RELEASES
-    missing = [release for release, entry in SUMMARY.items() if not entry["ran"] or "cases" not in entry]
+    missing = [release for release, entry in SUMMARY.items() if not entry["ran"] or not entry["cases"]]
     assert not missing, f"no results for {missing}: run bash compat/run_matrix.sh"
-    unprobed = [release for release, entry in SUMMARY.items() if "probe" not in entry]
+    unprobed = [release for release, entry in SUMMARY.items() if not entry["probe"]]
     assert not unprobed, f"no probe results for {unprobed}: run bash compat/probe_matrix.sh"
+
+
+def test_the_report_and_the_evidence_regenerate_identically():
+    """compat/REPORT.md is what the committed evidence gives, and each evidence file is what its own
+    data writes: the same results give the same bytes (no order, no float noise)."""
+    assert (COMPAT / "REPORT.md").read_text() == report.render(SUMMARY), "run python compat/report.py"
+    for release in RELEASES:
+        path = COMPAT / "evidence" / f"{release}.json"
+        assert evidence.dumps(evidence.load(release)) == path.read_text(), path
+
+
+def test_the_committed_evidence_is_small():
+    files = [path for path in COMPAT.rglob("*") if path.is_file() and "results" not in path.parts]
+    size = sum(path.stat().st_size for path in files if "__pycache__" not in path.parts)
+    assert size <= 5 * 2**20, f"compat/ commits {size / 2**20:.1f} MB of evidence: keep it under 5 MB"
 
 
 def test_newest_tested_is_the_newest_release_in_the_matrix():
@@ -45,8 +60,8 @@ def test_newest_tested_is_the_newest_release_in_the_matrix():
 @pytest.mark.parametrize("arch", FLAGSHIPS)
 def test_adapter_range_matches_the_report(arch):
     adapter = REGISTRY[arch]
-    ran = {release: entry for release, entry in SUMMARY.items() if entry["ran"] and "cases" in entry}
-    assert ran, "compat/summary.json holds no results: run bash compat/run_matrix.sh"
+    ran = {release: entry for release, entry in SUMMARY.items() if entry["ran"] and entry["cases"]}
+    assert ran, "compat/evidence/ holds no results: run bash compat/run_matrix.sh"
     for release, entry in ran.items():
         verdict = support(adapter, Version(release))
         present = entry["cases"][arch]["present"]
@@ -87,13 +102,13 @@ def test_probed_range_matches_the_report(name, model_type):
     only where the probe fails. An alias verified from a later release (``alias_since``) is held to
     its own range; it may lack the model type where the class ships (absent)."""
     adapter = REGISTRY[name]
-    probed = [(release, entry["probe"]) for release, entry in SUMMARY.items() if "probe" in entry]
-    assert probed, "compat/summary.json holds no probe results: run bash compat/probe_matrix.sh"
+    probed = [(release, entry["probe"]) for release, entry in SUMMARY.items() if entry["probe"]]
+    assert probed, "compat/evidence/ holds no probe results: run bash compat/probe_matrix.sh"
     if not any(model_type in probe for _, probe in probed):  # declared after the probe's last run
         pytest.skip(f"{model_type} is not in the probe's results yet: run bash compat/probe_matrix.sh")
     alias_since = dict(adapter.alias_since).get(model_type)
     for release, probe in probed:
-        verdict = probe_verdict(probe.get(model_type, {}))
+        verdict = report.probe_verdict(probe.get(model_type, {}))
         level = support(adapter, Version(release)).level
         if model_type == name:
             if level == TESTED:
@@ -109,35 +124,52 @@ def test_probed_range_matches_the_report(name, model_type):
 
 
 def _junit(path: Path, cases: dict[str, str]) -> Path:
-    """A JUnit XML of probe tests: {test name: "pass" | "fail: MESSAGE" | "skip: MESSAGE"}."""
+    """A JUnit XML of probe tests as the tests write it: {test name: "pass" | "fail" | "skip", its
+    recorded properties after a space (kind=...;stock=...)}; a message that says something else."""
     body = []
-    for name, outcome in cases.items():
-        kind, _, message = outcome.partition(": ")
-        tag = {"pass": "", "fail": "failure", "skip": "skipped"}[kind]
-        inner = f'<{tag} message="{message}" />' if tag else ""
-        body.append(f'<testcase classname="tests.test_decoders" name="{name}">{inner}</testcase>')
+    for name, spec in cases.items():
+        outcome, _, properties = spec.partition(" ")
+        tag = {"pass": "", "fail": "failure", "skip": "skipped"}[outcome]
+        inner = f'<{tag} message="a message the report must not read: exact, absent" />' if tag else ""
+        model_type, attention = name.partition("[")[2].rstrip("]").split("-")[:2]
+        fields = dict(item.split("=") for item in properties.split(";") if item)
+        fields = {"probe_type": model_type, "attention": attention, **fields}
+        props = "".join(f'<property name="{k}" value="{v}" />' for k, v in fields.items())
+        body.append(
+            f'<testcase classname="tests.test_decoders" name="{name}"><properties>{props}</properties>'
+            f"{inner}</testcase>"
+        )
     path.write_text(f"<testsuites><testsuite>{''.join(body)}</testsuite></testsuites>")
     return path
 
 
-def test_a_partial_re_run_replaces_only_the_tests_it_ran(tmp_path):
-    """The report's merge of probe runs (compat/report.py): a later run's result of a test replaces the
-    earlier one's, a skip replaces nothing, and a cell is the worst of its tests, so a re-run of one
-    test cannot hide another's failure."""
-    from report import merge_probes
+def _cells(*paths: Path) -> dict:
+    data = {"release": "0.0.0", "code": {"probe": [], "suite": []}, "reasons": [], "probe": {}, "suite": {}}
+    for path in paths:
+        evidence.merge(data, evidence.read_junit(path), None, probe_only=True)
+    return report.probe_cells(data)
 
+
+def test_a_partial_re_run_replaces_only_the_tests_it_ran(tmp_path):
+    """The evidence's merge of probe runs (compat/evidence.py): a later run's result of a test replaces
+    the earlier one's, a skip replaces nothing, and a cell is the worst of its tests, so a re-run of one
+    test cannot hide another's failure; the verdict comes from the recorded kind, not the message."""
     static = "test_decoder_with_a_static_cache_rows_equal_themselves_alone"
+    wrong = "kind=wrong with the positions;stock=0.12;hfpatch=0.12"
+    rows = "test_decoder_rows_equal_themselves_alone"
     full = _junit(tmp_path / "full.xml", {
-        "test_decoder_rows_equal_themselves_alone[t5-eager-right-padded prefix + 1]": "fail: ValueError: x",
-        f"{static}[t5-eager]": "fail: AssertionError: t5 (eager), StaticCache: hfpatch 0.12, stock 0.12",
-        f"{static}[bart-eager]": "fail: AssertionError: bart (eager), StaticCache: hfpatch 1, stock 2",
+        f"{rows}[t5-eager-right-padded prefix + 1]": "fail kind=class differs",
+        f"{static}[t5-eager]": f"fail {wrong}",
+        f"{static}[bart-eager]": "fail kind=wrong with the positions;stock=2;hfpatch=1",
     })  # fmt: skip
     partial = _junit(tmp_path / "partial.xml", {
-        f"{static}[t5-eager]": "pass",
-        f"{static}[bart-eager]": "skip: not run here",
+        f"{static}[t5-eager]": "pass kind=exact;stock=0.12;hfpatch=1e-06",
+        f"{static}[bart-eager]": "skip kind=skipped",
     })  # fmt: skip
-    cells = merge_probes([full, partial])
+    cells = _cells(full, partial)
     assert cells["t5"]["eager"]["outcome"] == "fail"  # the scenario test's failure stands
-    assert cells["t5"]["eager"]["message"].startswith("ValueError")
+    assert report.failure_kind(cells["t5"]) == "class differs"
     assert cells["bart"]["eager"]["outcome"] == "fail"  # a skip replaces nothing
-    assert merge_probes([partial])["t5"]["eager"]["outcome"] == "pass"
+    assert _cells(partial)["t5"]["eager"]["outcome"] == "pass"
+    absent = _junit(tmp_path / "absent.xml", {f"{static}[mamba-eager]": "skip kind=absent"})
+    assert report.probe_verdict(_cells(absent)["mamba"]) == "absent"

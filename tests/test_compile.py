@@ -21,7 +21,7 @@ from conftest import (
 from expectations import ABSOLUTE
 from harness import TOLERANCE, cache_kwarg, max_diff, output_cache, random_rows, run_padded, static_cache
 
-pytestmark = pytest.mark.compile
+pytestmark = [pytest.mark.compile, pytest.mark.invariant("I6")]  # I6: compat/REPORT.md's column
 CHUNKS = ((3, 4), (2, 1))
 LEFT = ((False, False), (True, False))
 

@@ -12,11 +12,12 @@ from __future__ import annotations
 import contextlib
 import inspect
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Optional
 
 import pytest
 import torch
 from packaging.version import Version
+from probes import Probe, both_sides
 
 import hfpatch
 from hfpatch.support import NEWEST_TESTED, in_range, release_has
@@ -52,8 +53,8 @@ def _params() -> list[Any]:
 _models: dict[tuple[str, str], Any] = {}
 
 
-def _model(name: str, attention: str) -> Any:
-    require_covered(name)
+def _model(name: str, attention: str, probe: Optional[Probe] = None) -> Any:
+    require_covered(name, probe)
     if (name, attention) not in _models:
         try:
             _models[name, attention] = tiny_seq2seq(name, attention=attention)
@@ -153,21 +154,19 @@ def _decoder_error(model: Any, chunks: tuple, left: tuple, cache: Any = None, **
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 @pytest.mark.parametrize("name, attention", _params())
-def test_decoder_rows_equal_themselves_alone(name, attention, scenario, record_property):
-    model = _model(name, attention)
+def test_decoder_rows_equal_themselves_alone(name, attention, scenario, probe):
+    probe.of(name, attention)
+    model = _model(name, attention, probe)
     chunks, left = SCENARIOS[scenario]
     # Dia returns a cache only when the call asks (its config's use_cache is not read); SwitchTransformers
     # raises when the call asks (its encoder gets the flag too)
     flags = {"use_cache": True} if _channels(model) else {}
-    patched = _decoder_error(model, chunks, left, **flags)
-    with stock():
-        on_stock = _decoder_error(model, chunks, left, **flags)
-    record_property("stock", on_stock)  # for compat/REPORT.md
-    record_property("hfpatch", patched)
+    patched, on_stock = both_sides(probe, lambda: _decoder_error(model, chunks, left, **flags))
+    wrong_on_stock = scenario != "left-padded prompt" or left_padding_wrong_on_stock(REGISTRY[name])
+    probe.judge(patched, on_stock, wrong_on_stock)
     assert patched <= TOLERANCE, (
         f"{name} ({attention}), {scenario}: hfpatch {patched:.2g}, stock {on_stock:.2g}"
     )
-    wrong_on_stock = scenario != "left-padded prompt" or left_padding_wrong_on_stock(REGISTRY[name])
     if wrong_on_stock:
         assert on_stock > WRONG, (
             f"{name}, {scenario}: stock is right ({on_stock:.2g}): the declaration is stale"
@@ -200,22 +199,21 @@ def _static_skip_reason(model: Any) -> str | None:
 
 
 @pytest.mark.parametrize("name, attention", _params())
-def test_decoder_with_a_static_cache_rows_equal_themselves_alone(name, attention):
+def test_decoder_with_a_static_cache_rows_equal_themselves_alone(name, attention, probe):
     """A right-padded decoder prefix continued by two tokens, the decoder's keys in a StaticCache (more
     slots than the mask of past + new covers: T5's relative bias spans them all). Stock may also raise
     there (MVP on 5.4-5.12 counts the past as a tensor and hands it to ``arange``): wrong too."""
-    model = _model(name, attention)
+    probe.of(name, attention)
+    model = _model(name, attention, probe)
     reason = _static_skip_reason(model)
     if reason is not None:
         pytest.skip(reason)
     chunks, left = SCENARIOS["right-padded prefix + 2"]
     flags = {"use_cache": True} if _channels(model) else {}
-    patched = _decoder_error(model, chunks, left, _static(model), **flags)
-    with stock():
-        try:
-            on_stock = _decoder_error(model, chunks, left, _static(model), **flags)
-        except (TypeError, RuntimeError):
-            on_stock = float("inf")
+    patched, on_stock = both_sides(
+        probe, lambda: _decoder_error(model, chunks, left, _static(model), **flags), (TypeError, RuntimeError)
+    )
+    probe.judge(patched, on_stock, stock_wrong_expected=True)
     assert patched <= TOLERANCE, (
         f"{name} ({attention}), StaticCache: hfpatch {patched:.2g}, stock {on_stock:.2g}"
     )
@@ -260,13 +258,11 @@ def _encoder_error(model: Any) -> float:
 
 
 @pytest.mark.parametrize("name", ENCODERS)
-def test_left_padded_encoder_equals_itself_alone(name, record_property):
-    model = _model(name, "eager")
-    patched = _encoder_error(model)
-    with stock():
-        on_stock = _encoder_error(model)
-    record_property("stock", on_stock)  # for compat/REPORT.md
-    record_property("hfpatch", patched)
+def test_left_padded_encoder_equals_itself_alone(name, probe):
+    probe.of(name, "eager")
+    model = _model(name, "eager", probe)
+    patched, on_stock = both_sides(probe, lambda: _encoder_error(model))
+    probe.judge(patched, on_stock, stock_wrong_expected=bool(REGISTRY[name].also))
     assert patched <= TOLERANCE, f"{name}: hfpatch {patched:.2g}, stock {on_stock:.2g}"
     if REGISTRY[name].also:  # absolute positions: the encoder is wrong on stock
         assert on_stock > WRONG, f"{name}: stock is right ({on_stock:.2g}): the declaration is stale"
@@ -309,18 +305,18 @@ def _past_the_window_error(model: Any, rows: tuple) -> float:
 
 @pytest.mark.parametrize("attention", ["eager", "sdpa"])
 @pytest.mark.parametrize("name", WINDOWED)
-def test_decoder_window_is_decided_by_position(name, attention):
+def test_decoder_window_is_decided_by_position(name, attention, probe):
     """A decoder with a sliding window of 4: by cache column the short row's window holds its pads, so
     stock is wrong past the window; hfpatch decides it by position."""
-    model = _model(name, attention)
+    probe.of(name, attention)
+    model = _model(name, attention, probe)
     if not positional(model, REGISTRY[name].cls):  # T5Gemma 2 on 5.4-5.14 (docs/how-it-works.md)
         assert TF < Version(NEWEST_TESTED), f"{name}: windows left to transformers on the newest release"
         pytest.skip(f"{name}'s decoder in transformers {TF} cannot take window masks: left to transformers")
     rows = (list(range(11, 22)), list(range(31, 36)))
     with _window(model, 4):
-        patched = _past_the_window_error(model, rows)
-        with stock():
-            on_stock = _past_the_window_error(model, rows)
+        patched, on_stock = both_sides(probe, lambda: _past_the_window_error(model, rows))
+    probe.judge(patched, on_stock, stock_wrong_expected=True)
     assert patched <= TOLERANCE, f"{name} ({attention}): hfpatch {patched:.2g}, stock {on_stock:.2g}"
     assert on_stock > WRONG, f"{name}: stock is right ({on_stock:.2g}): the test misses the window"
 

@@ -17,6 +17,8 @@ from hfpatch.verification.tiny import tiny_model
 from conftest import TF, static_cache_skip_reason, stock
 from harness import TOLERANCE, WRONG, max_diff, random_case, random_rows, run_padded, static_cache
 
+pytestmark = pytest.mark.invariant("I1")  # compat/REPORT.md's column
+
 STATIC_LEN = 16  # 3 calls x 4 tokens at most, plus room
 
 

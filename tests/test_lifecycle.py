@@ -18,6 +18,8 @@ from hfpatch.verification.tiny import tiny_model
 
 from harness import SCRIPT_18104, TOLERANCE, WRONG, max_diff, random_rows, run_alone, run_padded
 
+pytestmark = pytest.mark.invariant("I7")  # compat/REPORT.md's column
+
 
 def _owner(model):
     return type(model.base_model)

@@ -25,6 +25,8 @@ from harness import (
     run_padded,
 )
 
+pytestmark = pytest.mark.invariant("I1")  # compat/REPORT.md's column
+
 
 def _18104(model):
     """transformers #18104: cache a right-padded batch of prefixes, then feed one more token per row."""

@@ -53,6 +53,7 @@ def _two_calls(model, extra1, extra2, mask=True):
     return out1.logits, out2.logits
 
 
+@pytest.mark.invariant("I2")
 def test_explicit_position_ids(model):
     first = {"position_ids": torch.tensor([[0, 1, 2, 2], [0, 1, 2, 3]])}
     # deliberately odd, used as given (below the cache length: Llama < 4.35 cannot look up larger ones)
@@ -60,6 +61,7 @@ def test_explicit_position_ids(model):
     assert same_as_stock(lambda: _two_calls(model, first, second)) == "ok"
 
 
+@pytest.mark.invariant("I2")
 def test_explicit_position_ids_and_cache_position(model, arch):
     if plan(model).era != SLOTS:
         pytest.skip(f"{type(model.base_model).__name__}.forward has no cache_position in transformers {TF}")
@@ -68,6 +70,7 @@ def test_explicit_position_ids_and_cache_position(model, arch):
     assert same_as_stock(lambda: _two_calls(model, first, second)) == "ok"
 
 
+@pytest.mark.invariant("I2")
 def test_explicit_cache_position_is_forwarded_as_given(model, arch):
     """cache_position alone says where the cache writes, not the positions (transformers' own doc:
     "not affected by padding"): hfpatch forwards the caller's tensor itself and still derives
@@ -82,10 +85,12 @@ def test_explicit_cache_position_is_forwarded_as_given(model, arch):
     assert seen[0]["position_ids"].tolist() == [[0, 1, 2, 2], [0, 1, 2, 3]]
 
 
+@pytest.mark.invariant("I3")
 def test_no_mask(model):
     assert same_as_stock(lambda: _two_calls(model, {}, {}, mask=False)) == "ok"
 
 
+@pytest.mark.invariant("I3")
 def test_no_mask_single_call_with_dynamic_cache_object(model):
     reason = cache_object_skip_reason(model, "dynamic")
     if reason:
@@ -103,6 +108,7 @@ def test_no_mask_single_call_with_dynamic_cache_object(model):
     assert same_as_stock(run) == "ok"
 
 
+@pytest.mark.invariant("I3")
 def test_4d_mask(model):
     """A 4-D mask is the caller's own business: hfpatch passes it on untouched."""
     (row,) = random_rows([4], seed=4)
@@ -116,6 +122,7 @@ def test_4d_mask(model):
     same_as_stock(run)  # on some releases both raise the same error; otherwise equal outputs
 
 
+@pytest.mark.invariant("I4")
 def test_generate_left_padded_greedy(model):
     a, b = random_rows([3, 6], seed=9)
     ids = torch.tensor([[0, 0, 0] + a, b])
@@ -132,6 +139,7 @@ def test_generate_left_padded_greedy(model):
     assert same_as_stock(run) == "ok"
 
 
+@pytest.mark.invariant("I3")
 def test_multiple_choice_inputs(model, arch):
     """A multiple-choice head (GPT2DoubleHeadsModel) feeds [batch, choices, tokens] ids and masks: left
     exactly as stock."""
@@ -152,6 +160,7 @@ def test_multiple_choice_inputs(model, arch):
     assert same_as_stock(run) == "ok"
 
 
+@pytest.mark.invariant("I2")
 def test_deprecated_cache_name_keeps_transformers_warning(model):
     """Where the release renamed the cache argument and still takes the old name with a warning of
     its own (5.24: ``past_key_values`` -> ``cache``, transformers' test_bc_cache_name_forward), hfpatch

@@ -11,16 +11,18 @@ cached batch, and ``hfpatch.verify`` on the text path of a few image-text-to-tex
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import pytest
 import torch
 from packaging.version import Version
+from probes import Probe, both_sides
 
 import hfpatch
 from hfpatch.verification.tiny import PAD, tiny_multimodal, tiny_seq2seq
 
 from conftest import REGISTRY, TF, require_covered, stock
+from expectations import OUTSIDE
 from harness import TOLERANCE, WRONG, cache_kwarg, output_cache
 
 MULTIMODAL = [name for name, adapter in REGISTRY.items() if adapter.family.multimodal]
@@ -47,10 +49,12 @@ def _params() -> list[Any]:
 _models: dict[tuple[str, str], Any] = {}
 
 
-def _model(name: str, model_type: str, attention: str) -> Any:
-    require_covered(name)
+def _model(name: str, model_type: str, attention: str, probe: Optional[Probe] = None) -> Any:
+    require_covered(name, probe)
     since = dict(REGISTRY[name].alias_since).get(model_type)
     if since is not None and TF < Version(since):
+        if probe is not None:
+            probe.found(OUTSIDE)
         pytest.skip(f"{model_type} is covered from {since}; installed {TF}")
     if model_type == "paligemma" and attention == "sdpa" and TF >= Version("5.9"):  # measured 5.9.0-5.24.0
         pytest.skip("PaliGemma with SDPA from 5.9: a padded prefix stays wrong with positions (declared)")
@@ -97,13 +101,11 @@ def _left_padded_error(model: Any) -> float:
 
 
 @pytest.mark.parametrize("name, model_type, attention", _params())
-def test_padded_prefix_continued_equals_each_row_alone(name, model_type, attention, record_property):
-    model = _model(name, model_type, attention)
-    patched = _prefix_error(model)
-    with stock():
-        on_stock = _prefix_error(model)
-    record_property("stock", on_stock)  # for compat/REPORT.md
-    record_property("hfpatch", patched)
+def test_padded_prefix_continued_equals_each_row_alone(name, model_type, attention, probe):
+    probe.of(model_type, attention)
+    model = _model(name, model_type, attention, probe)
+    patched, on_stock = both_sides(probe, lambda: _prefix_error(model))
+    probe.judge(patched, on_stock, stock_wrong_expected=True)
     assert patched <= TOLERANCE, f"{model_type} ({attention}): hfpatch {patched:.2g}, stock {on_stock:.2g}"
     assert on_stock > WRONG, (
         f"{model_type} ({attention}): stock is right ({on_stock:.2g}): the entry is stale"
@@ -111,12 +113,14 @@ def test_padded_prefix_continued_equals_each_row_alone(name, model_type, attenti
 
 
 @pytest.mark.parametrize("name, model_type, attention", _params())
-def test_left_padded_prompt_equals_each_row_alone(name, model_type, attention):
+def test_left_padded_prompt_equals_each_row_alone(name, model_type, attention, probe):
     """Rotary: a uniform left shift cancels, so stock is right too; hfpatch must stay exact."""
+    probe.of(model_type, attention)
     if model_type in PREFIX_LM:
         pytest.skip("a prefix LM: a one-call prompt is the prefix, attended both ways")
-    model = _model(name, model_type, attention)
-    patched = _left_padded_error(model)
+    model = _model(name, model_type, attention, probe)
+    patched, on_stock = both_sides(probe, lambda: _left_padded_error(model))
+    probe.judge(patched, on_stock, stock_wrong_expected=False)
     assert patched <= TOLERANCE, f"{model_type} ({attention}): hfpatch {patched:.2g}"
 
 
@@ -166,27 +170,26 @@ def _prefill_continued_error(model: Any, rows: list[list[int]], inputs: dict[str
     return max(errors)
 
 
-IMAGE = 96  # the tiny models' image token (MULTIMODAL_OVERRIDES): 4 per 28 x 28 image
-
-
 @pytest.mark.parametrize(
     "model_type", ["paligemma", pytest.param("llava", marks=pytest.mark.slow)]
 )  # the wrapper's own positions, the language model's
-def test_image_prefill_in_a_padded_batch_continued_from_the_cache(model_type):
-    """Rows with an image each (4 image tokens first), right-padded, then one token each from the cache:
-    each row equals itself alone through the same two calls (its image, a mask of ones)."""
+def test_image_prefill_in_a_padded_batch_continued_from_the_cache(model_type, probe):
+    """Rows with an image each (4 image tokens first: an image of 28 x 28 pixels in patches of 14),
+    right-padded, then one token each from the cache: each row equals itself alone through the same two
+    calls (its image, a mask of ones)."""
+    probe.of(model_type, "eager")
     if model_type == "paligemma":
-        model = _model("paligemma", "paligemma", "eager")
+        model = _model("paligemma", "paligemma", "eager", probe)
     elif TF < Version("4.57"):  # the tiny model's builder (AutoModelForImageTextToText) and overrides
         pytest.skip(f"the image test builds LLaVA from 4.57 (installed {TF})")
     else:
         model = tiny_multimodal("llava", attention="eager")
     pixels = torch.randn(2, 3, 28, 28, generator=torch.Generator().manual_seed(1))
-    rows = [[IMAGE] * 4 + [11, 12, 13, 14], [IMAGE] * 4 + [21]]
+    image = getattr(model.config, "image_token_id", None) or model.config.image_token_index
+    rows = [[image] * 4 + [11, 12, 13, 14], [image] * 4 + [21]]
     inputs = {"pixel_values": pixels}
-    patched = _prefill_continued_error(model, rows, inputs)
-    with stock():
-        on_stock = _prefill_continued_error(model, rows, inputs)
+    patched, on_stock = both_sides(probe, lambda: _prefill_continued_error(model, rows, inputs))
+    probe.judge(patched, on_stock, stock_wrong_expected=True)
     assert patched <= TOLERANCE, f"{model_type} with an image: hfpatch {patched:.2g}, stock {on_stock:.2g}"
     assert on_stock > WRONG, f"{model_type} with an image: stock is right ({on_stock:.2g})"
 

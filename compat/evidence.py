@@ -1,0 +1,165 @@
+"""The committed evidence of the release matrix: compat/evidence/RELEASE.json, one small file per
+release, made from the JUnit XML the matrix runs write (compat/results/, build output, not committed).
+
+    python compat/evidence.py RELEASE FILE.xml [...]           # merge full-suite runs into RELEASE's
+    python compat/evidence.py --probe RELEASE FILE.xml [...]   # merge probe runs (their probe tests)
+    python compat/evidence.py --cases RELEASE FILE.json        # the stock-vs-hfpatch case counts
+
+A run's commit is read from FILE.commit beside it (the matrix scripts write it).
+
+What a test found is read from the JUnit properties the tests record, never from names or messages:
+
+- a release-probe test (tests/probes.py) records ``probe_type``, ``attention``, ``kind`` (``exact`` or
+  why not, tests/expectations.py) and the largest ``stock`` and ``hfpatch`` differences;
+- a full-suite test records ``invariant`` (its marker: the report's column) and ``arch`` (its flagship).
+
+Each file holds every test's last result, test by test: a later run's result of a test replaces the
+earlier one's, a skip replaces nothing, so a partial re-run leaves the other tests' results standing.
+Numbers are rounded to two significant digits and keys sorted: the same results give the same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any, Optional
+
+HERE = Path(__file__).resolve().parent
+FOLDER = HERE / "evidence"
+
+
+def read_junit(path: Path) -> list[dict[str, Any]]:
+    """One record per test case: ``test`` (file::name[params]), ``outcome`` (pass, fail, skip), the skip
+    message (for the report's footnotes, shown as it is), and the recorded properties."""
+    records = []
+    for case in ET.parse(path).getroot().iter("testcase"):
+        outcome, message = "pass", ""
+        for child in case:
+            if child.tag in ("failure", "error"):
+                outcome = "fail"
+            elif child.tag == "skipped" and outcome != "fail":
+                outcome, message = "skip", _clean(child.get("message", ""))
+        module = case.get("classname", "").rpartition(".")[2] or "-"
+        properties = {p.get("name"): p.get("value") for p in case.iter("property")}
+        records.append({"test": f"{module}::{case.get('name')}", "outcome": outcome, "message": message,
+                        "properties": properties})  # fmt: skip
+    return records
+
+
+def _clean(message: str) -> str:
+    """One footnote per reason, not per release: the release number becomes "this release"."""
+    message = message.removeprefix("Skipped: ").strip()
+    return re.sub(r"(transformers |installed: )\d+\.\d+\.\d+", r"\1this release", message)
+
+
+def load(release: str) -> dict[str, Any]:
+    path = FOLDER / f"{release}.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    return {"release": release, "code": {"probe": [], "suite": []}, "reasons": [], "probe": {}, "suite": {}}
+
+
+def merge(
+    evidence: dict[str, Any], records: list[dict[str, Any]], commit: Optional[str], probe_only: bool = False
+) -> dict[str, Any]:
+    """``records`` (one run, :func:`read_junit`) over ``evidence``, test by test; ``commit``: the code
+    the run tested; ``probe_only``: a probe run (``--outside-ranges``), whose other tests are not the
+    suite's evidence."""
+    sections = set()
+    for record in records:
+        properties = record["properties"]
+        section = "probe" if "probe_type" in properties else "suite"
+        if probe_only and section != "probe":
+            continue
+        function, _, params = record["test"].partition("[")
+        entries = evidence[section].setdefault(function, {})
+        key = params.removesuffix("]") or "-"
+        if record["outcome"] == "skip" and key in entries:
+            continue  # a skip replaces nothing
+        sections.add(section)
+        if section == "probe":  # [model type, attention, kind, stock, hfpatch]: the kind says the outcome
+            numbers = [_number(properties.get(name)) for name in ("stock", "hfpatch")]
+            while numbers and numbers[-1] is None:
+                numbers.pop()
+            entries[key] = [properties["probe_type"], properties.get("attention", "eager"),
+                            properties.get("kind", ""), *numbers]  # fmt: skip
+        else:  # [pass, fail or the skip's reason (an index in "reasons"), flagship, invariant]
+            outcome = (
+                _reason(evidence, record["message"]) if record["outcome"] == "skip" else record["outcome"]
+            )
+            entries[key] = [outcome, properties.get("arch", ""), properties.get("invariant", "")]
+    for section in sorted(sections):
+        if commit and commit not in evidence["code"][section]:
+            evidence["code"][section].append(commit)
+    return evidence
+
+
+def _reason(evidence: dict[str, Any], message: str) -> int:
+    message = message if len(message) <= 160 else message[:157] + "..."
+    reasons = evidence["reasons"]
+    if message not in reasons:
+        reasons.append(message)
+    return reasons.index(message)
+
+
+def _number(value: Optional[str]) -> Optional[float]:
+    return None if value in (None, "") else float(f"{float(value):.2g}")
+
+
+def dumps(evidence: dict[str, Any]) -> str:
+    """The file's text: one test function a line group, one entry a line, keys sorted."""
+    lines = ["{"]
+    head = {key: evidence[key] for key in ("release", "source", "code", "cases") if key in evidence}
+    for key, value in head.items():
+        lines.append(f" {json.dumps(key)}: {json.dumps(value, sort_keys=True)},")
+    reasons = ",\n".join(f"  {json.dumps(reason)}" for reason in evidence["reasons"])
+    lines.append(f' "reasons": [\n{reasons}\n ],' if reasons else ' "reasons": [],')
+    for section in ("probe", "suite"):
+        lines.append(f" {json.dumps(section)}: {{")
+        functions = sorted(evidence[section])
+        for i, function in enumerate(functions):
+            entries = evidence[section][function]
+            lines.append(f"  {json.dumps(function)}: {{")
+            keys = sorted(entries)
+            for j, key in enumerate(keys):
+                comma = "," if j < len(keys) - 1 else ""
+                lines.append(f"   {json.dumps(key)}: {json.dumps(entries[key])}{comma}")
+            lines.append("  }" + ("," if i < len(functions) - 1 else ""))
+        lines.append(" }" + ("," if section == "probe" else ""))
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def save(evidence: dict[str, Any]) -> Path:
+    FOLDER.mkdir(exist_ok=True)
+    path = FOLDER / f"{evidence['release']}.json"
+    path.write_text(dumps(evidence))
+    return path
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--cases"] and len(argv) == 3:
+        evidence = load(argv[1])
+        evidence["cases"] = json.loads(Path(argv[2]).read_text())
+        print(save(evidence))
+        return 0
+    probe_only = argv[:1] == ["--probe"]
+    argv = argv[1:] if probe_only else argv
+    if len(argv) < 2:
+        print(__doc__.split("\n\n")[1], file=sys.stderr)
+        return 2
+    release, files = argv[0], [Path(name) for name in argv[1:]]
+    evidence = load(release)
+    for path in files:
+        commit_file = path.with_suffix(".commit")
+        commit = commit_file.read_text().strip() if commit_file.exists() else None
+        merge(evidence, read_junit(path), commit, probe_only)
+    print(save(evidence))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,99 @@
+"""The release probe's record: each probe test says which model type and attention it probes and what
+it found (:data:`expectations.FAILURE_KINDS`, or exact, with the largest stock and hfpatch differences), as
+JUnit properties. compat/evidence.py reads only these (no test names, no messages)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Optional
+
+import hfpatch
+
+from expectations import (
+    CLASS_DIFFERS,
+    EXACT,
+    NOT_BUILDABLE,
+    SKIPPED,
+    STOCK_FAILS,
+    STOCK_RIGHT,
+    WRONG_WITH_POSITIONS,
+)
+from harness import TOLERANCE, WRONG
+
+
+class Probe:
+    """What one probe test found; recorded on its test item (``user_properties``) for the JUnit XML."""
+
+    def __init__(self, node: Any) -> None:
+        self.node = node
+        self.kind: Optional[str] = None
+
+    def of(self, model_type: str, attention: str = "eager") -> None:
+        self.node.user_properties += [("probe_type", model_type), ("attention", attention)]
+
+    def found(self, kind: str, stock: float = math.nan, hfpatch: float = math.nan) -> None:
+        if self.kind is not None:
+            return  # the first verdict stands (a later one is a consequence)
+        self.kind = kind
+        self.node.user_properties.append(("kind", kind))
+        for name, value in (("stock", stock), ("hfpatch", hfpatch)):
+            if not math.isnan(value):
+                self.node.user_properties.append((name, f"{value:.2g}"))
+
+    def judge(self, patched: float, on_stock: float, stock_wrong_expected: bool) -> None:
+        """The verdict of two measured numbers (the test asserts them after)."""
+        if patched > TOLERANCE:
+            kind = WRONG_WITH_POSITIONS
+        elif stock_wrong_expected and on_stock <= WRONG:
+            kind = STOCK_RIGHT
+        else:
+            kind = EXACT
+        self.found(kind, on_stock, patched)
+
+    def close(self, report: Any) -> None:
+        """At teardown: a test that ended without a verdict failed before measuring, or skipped."""
+        if self.kind is None and report is not None:
+            self.found(NOT_BUILDABLE if report.failed else SKIPPED if report.skipped else EXACT)
+
+
+def both_sides(probe: Probe, run: Callable[[], float], stock_raises: tuple = ()) -> tuple[float, float]:
+    """``run()`` with hfpatch, then on stock (``unpatched()``). A side that raises is a verdict: the patch
+    raising where stock runs is a class hfpatch does not know (``class differs``), stock raising a
+    scenario that fails on stock too; ``stock_raises``: exceptions of stock that count as wrong (inf)."""
+    try:
+        patched = run()
+    except Exception:
+        with hfpatch.unpatched():
+            try:
+                run()
+            except Exception:
+                probe.found(STOCK_FAILS)
+                raise
+        probe.found(CLASS_DIFFERS)
+        raise
+    with hfpatch.unpatched():
+        try:
+            on_stock = run()
+        except stock_raises:
+            on_stock = math.inf
+        except Exception:
+            probe.found(STOCK_FAILS)
+            raise
+    return patched, on_stock
+
+
+def judge_verification(probe: Probe, result: Any, stock_wrong_expected: bool) -> None:
+    """The verdict of a :class:`hfpatch.verification.Verification` (its rows' numbers: nan where a side
+    raised)."""
+    stocks = [row.stock for row in result.rows]
+    patched = [row.patched for row in result.rows]
+    worst_stock = max((v for v in stocks if not math.isnan(v)), default=math.nan)
+    worst_patched = max((v for v in patched if not math.isnan(v)), default=math.nan)
+    if not result.patches:
+        probe.found(CLASS_DIFFERS, worst_stock, worst_patched)
+    elif any(math.isnan(v) for v in stocks):
+        probe.found(STOCK_FAILS, worst_stock, worst_patched)
+    elif any(math.isnan(v) for v in patched):
+        probe.found(CLASS_DIFFERS, worst_stock, worst_patched)
+    else:
+        probe.judge(worst_patched, worst_stock, stock_wrong_expected)
