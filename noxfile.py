@@ -56,7 +56,7 @@ def _run_release(session: nox.Session, release: str, strict: bool) -> None:
         "--ignore=tests/test_compat_report.py", f"--junitxml={junit}", *session.posargs,
         success_codes=[0] if strict else [0, 1],  # matrix: a failing test is a result for the report
     )  # fmt: skip
-    if not strict:  # the evidence: this run's results, and the stock-vs-hfpatch counts; CI only needs the tests
+    if not strict:  # the evidence: this run's results and the stock-vs-hfpatch counts (CI: the tests only)
         junit.with_suffix(".commit").write_text(_commit() + "\n")
         cases = RESULTS / f"{release}.cases.json"
         session.run("python", "compat/count_cases.py", str(cases))

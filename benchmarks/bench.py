@@ -26,10 +26,11 @@ from typing import Any, Callable, NamedTuple, Optional
 import torch
 
 import hfpatch
+from hfpatch._compat import cache_name, new_static_cache, output_cache
+from hfpatch._context import Pin
 from hfpatch.forward import make_forward
 from hfpatch.plans import SLOTS, read_plan
 from hfpatch.positions import positions_from_mask
-from hfpatch.verification import cache_name, new_static_cache, output_cache
 from hfpatch.verification.tiny import tiny_model, tiny_seq2seq
 
 REPEATS = 101
@@ -160,7 +161,9 @@ def _own_forward(arch: str, base: Any) -> Callable[..., Any]:
     handling + deriving positions from the mask), and nothing else."""
     adapter = hfpatch.registry()[arch]
     plan = read_plan(adapter, type(base).forward.__wrapped__, type(base))  # the original (functools.wraps)
-    return make_forward(adapter, lambda self, **kwargs: kwargs, plan, types.SimpleNamespace(pinned=True))
+    pin = Pin(arch)
+    pin.pinned = True
+    return make_forward(adapter, lambda self, **kwargs: kwargs, plan, pin)
 
 
 def _own_work_us(arch: str, base: Any, kwargs: dict) -> float:
@@ -569,6 +572,152 @@ def scoring(prompt_len: int, completions: int, completion_len: int) -> list[str]
     ]
 
 
+PROFILED = {  # a Llama of 12 layers, hidden 768 (GPT-2 small's size): the decode step the profile row is stated for
+    "vocab_size": 32000, "hidden_size": 768, "intermediate_size": 2048, "num_hidden_layers": 12,
+    "num_attention_heads": 12, "num_key_value_heads": 12, "head_dim": 64, "max_position_embeddings": 2048,
+    "initializer_range": 0.02,
+}  # fmt: skip
+PROFILE_STEPS, PROFILE_RUNS = 200, 5
+PACKAGE = str(Path(hfpatch.__file__).resolve().parent)
+
+
+def profiled_decode_step(prompt: int) -> list[str]:
+    """hfpatch's own Python work on an eager decode step, by profile: cProfile's own time (tottime) of
+    every function in hfpatch's package per step, with the tensor ops those functions call counted apart
+    (a tensor method is a C function cProfile times on its own), positions derived and passed by hand.
+    Controls, measured the same way: a bare pass-through wrapper on the base model's and the rotary
+    class's forward (what any wrapper costs: the floor), and the transformers rope wrapper
+    (``dynamic_rope_update``) that hfpatch's rotary forward takes the place of."""
+    model = tiny_model("llama", sizes=PROFILED, attention="sdpa")
+    rows = []
+    for batch in (1, 8):
+        ids, mask = padded_batch(batch, prompt)
+        step = _profiled_step(model, ids, mask)
+        derived, passed = step(by_hand=False), step(by_hand=True)
+        floor = _pass_through_floor(model, step)
+        rows.append(
+            f"| llama 12 x 768 | {batch} x 1 (after {prompt}) | **{derived[0]:.1f}** | **{passed[0]:.1f}** "
+            f"| {derived[1]}: {derived[2]:.0f} | {floor[0]:.1f} | {floor[1]:.1f} |"
+        )
+    return rows
+
+
+def _profiled_step(model: Any, ids: torch.Tensor, mask: torch.Tensor) -> Callable[..., tuple]:
+    """A function of ``by_hand`` giving (hfpatch's tottime per step in µs, the tensor ops it calls per
+    step, their time per step in µs), medians of :data:`PROFILE_RUNS` runs of :data:`PROFILE_STEPS`."""
+    import cProfile
+    import pstats
+
+    name = cache_name(model)
+    with torch.no_grad():
+        cache = output_cache(model(input_ids=ids, attention_mask=mask, use_cache=True))
+    token = torch.ones(ids.shape[0], 1, dtype=torch.long)
+    full = torch.cat([mask, torch.ones_like(token)], 1)
+    by_hand_positions = positions_from_mask(full)[:, -1:]
+
+    def measure(by_hand: bool, files: Callable[[str], bool] = lambda f: f.startswith(PACKAGE)) -> tuple:
+        kwargs = {"input_ids": token, "attention_mask": full, "use_cache": True, name: cache}
+        if by_hand:
+            kwargs["position_ids"] = by_hand_positions
+        runs = []
+        for _ in range(PROFILE_RUNS):
+            profile = cProfile.Profile()
+            for _ in range(PROFILE_STEPS):
+                with torch.no_grad():
+                    profile.enable()
+                    model(**kwargs)
+                    profile.disable()
+                cache.crop(-1)  # the same step again, outside the profile
+            stats = pstats.Stats(profile).stats
+            own = sum(entry[2] for function, entry in stats.items() if files(function[0]))
+            ops = calls = 0
+            for function, entry in stats.items():
+                if function[0] == "~":  # a C function: the tensor ops hfpatch's functions call
+                    for caller, (_, count, tottime, _) in entry[4].items():
+                        if files(caller[0]):
+                            ops, calls = ops + tottime, calls + count
+            runs.append((own / PROFILE_STEPS * 1e6, round(calls / PROFILE_STEPS), ops / PROFILE_STEPS * 1e6))
+        return tuple(statistics.median(values) for values in zip(*runs))
+
+    return measure
+
+
+def _pass_through_floor(model: Any, step: Callable[..., tuple]) -> tuple[float, float]:
+    """(A bare pass-through wrapper on the base model's and the rotary class's forward, by the same
+    profile: the floor of any wrapper; transformers' own rope wrapper, which hfpatch's rotary forward
+    replaces), µs per step; hfpatch reverted meanwhile."""
+    base, rotary = type(model.base_model), type(model.base_model.rotary_emb)
+    hfpatch.revert()
+    saved = base.__dict__["forward"], rotary.__dict__["forward"]
+    try:
+        for owner, original in zip((base, rotary), saved):
+            owner.forward = _pass_through(original)
+        floor = step(by_hand=True, files=lambda f: f == __file__)[0]
+    finally:
+        base.forward, rotary.forward = saved
+    rope = step(by_hand=True, files=lambda f: f.endswith("modeling_rope_utils.py"))[0]
+    hfpatch.apply()
+    return floor, rope
+
+
+def _pass_through(original: Callable) -> Callable:
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return original(self, *args, **kwargs)
+
+    return forward
+
+
+def batched_scoring(rows: int, batch: int) -> list[str]:
+    """Why batching matters: the log-probabilities of many rows of different lengths, scored in padded
+    batches with hfpatch, against one row at a time on stock (the only correct way there), the same
+    model, interleaved; the largest |log-prob| difference between the two, and stock's own batches."""
+    return [_batched_scoring_row(arch, rows, batch) for arch in ARCHS]
+
+
+def _batched_scoring_row(arch: str, rows: int, batch: int) -> str:
+    model = small_model(arch)
+    generator = torch.Generator().manual_seed(0)
+    lengths = torch.randint(16, 257, (rows,), generator=generator).tolist()
+    seqs = [torch.randint(1, 1000, (n,), generator=generator) for n in lengths]
+    alone = _scored_alone(model, seqs)
+    exact = _worst(_scored_in_batches(model, seqs, batch), alone)
+    with hfpatch.unpatched():
+        stock = _worst(_scored_in_batches(model, seqs, batch), alone)
+    ratio, ms_batched, ms_alone = median_ratio(
+        lambda: _scored_alone(model, seqs), lambda: _scored_in_batches(model, seqs, batch), repeats=7
+    )
+    return (
+        f"| {arch} | {rows} rows of 16-256 tokens, batches of {batch} | {ms_batched:.0f} | {ms_alone:.0f} "
+        f"| **{ratio:.1f}x** | {exact:.1e} | {stock:.1e} |"
+    )
+
+
+def _scored_alone(model: Any, seqs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Each row's log-probabilities, the row alone, unpadded, on stock."""
+    with torch.no_grad(), hfpatch.unpatched():
+        return [model(input_ids=seq[None]).logits[0].log_softmax(-1) for seq in seqs]
+
+
+def _scored_in_batches(model: Any, seqs: list[torch.Tensor], batch: int) -> list[torch.Tensor]:
+    """Each row's log-probabilities at its real tokens, scored in left-padded batches of ``batch``."""
+    scored = []
+    for start in range(0, len(seqs), batch):
+        group = seqs[start : start + batch]
+        width = max(len(seq) for seq in group)
+        ids = torch.stack([torch.cat([seq.new_zeros(width - len(seq)), seq]) for seq in group])
+        mask = (
+            torch.arange(width)[None, :] >= torch.tensor([width - len(seq) for seq in group])[:, None]
+        ).long()
+        with torch.no_grad():
+            logits = model(input_ids=ids, attention_mask=mask).logits.log_softmax(-1)
+        scored += [logits[i, width - len(seq) :] for i, seq in enumerate(group)]
+    return scored
+
+
+def _worst(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    return max((x - y).abs().max().item() for x, y in zip(a, b))
+
+
 def sections() -> dict[str, tuple[list[str], Callable[[], list[str]]]]:
     """Each section of RESULTS.md: its heading and text, and what measures its rows."""
     return {
@@ -583,6 +732,40 @@ def sections() -> dict[str, tuple[list[str], Callable[[], list[str]]]]:
                 "|---|---|---|---|---|---|",
             ],
             lambda: eager_padded_forward(8, 128),
+        ),
+        "## hfpatch's own Python work on an eager decode step, by profile": (
+            [
+                "Llama, 12 layers, hidden 768, SDPA, one new token after 128 cached (left-padded prompt, a",
+                "DynamicCache cropped back after each step, outside the profile), mask of past + new. cProfile's",
+                "own time (tottime) of every function in hfpatch's package, per step: the median of",
+                f"{PROFILE_RUNS} runs of {PROFILE_STEPS} steps. The tensor ops hfpatch's functions call are C",
+                "functions cProfile times apart: their count and time per step are the next column (after a",
+                "model step they run with cold CPU caches). Controls, measured the same way, hfpatch reverted:",
+                "a bare pass-through wrapper on the base model's and the rotary class's forward (what any",
+                "wrapper costs: the floor under the positions-passed column), and transformers' own rope",
+                "wrapper (`dynamic_rope_update`), whose place hfpatch's rotary forward takes (so it no longer",
+                "runs). Profiling slows every Python call: compare rows, not seconds.",
+                "",
+                "| model | batch x tokens | hfpatch, positions derived (µs) | hfpatch, positions passed (µs) "
+                "| tensor ops hfpatch calls, derived: count: µs | control: pass-through wrappers (µs) "
+                "| transformers' rope wrapper, replaced (µs) |",
+                "|---|---|---|---|---|---|---|",
+            ],
+            lambda: profiled_decode_step(128),
+        ),
+        "## Scoring many padded rows: batched with hfpatch vs one row at a time on stock": (
+            [
+                "The log-probabilities of every token of 64 rows of 16-256 tokens (random lengths), 4 layers,",
+                "hidden 256, eager: left-padded batches with hfpatch, against each row alone on stock (the",
+                "only way stock is right for an absolute-position model; interleaved, median of 7). The last",
+                "two columns: the largest |log-prob| difference from the rows alone, hfpatch's batches and",
+                "stock's.",
+                "",
+                "| model | rows | batched, hfpatch (ms) | one row at a time, stock (ms) | speedup "
+                "| max abs diff, hfpatch | stock batched |",
+                "|---|---|---|---|---|---|---|",
+            ],
+            lambda: batched_scoring(64, 16),
         ),
         "## Eager decode step: derived positions vs positions passed by hand": (
             [

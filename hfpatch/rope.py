@@ -97,21 +97,21 @@ def rotary_classes(module: Any) -> list[Rotary]:
     """Every rotary class defined in ``module`` whose ``forward`` transformers wraps in
     ``dynamic_rope_update`` (on 4.x under ``torch.no_grad()``)."""
     code = _decorator_code()
+    if code is None:  # before 4.51: no such wrapper, and the rope is the batch's (a declared limit)
+        return []
     found = []
     for value in list(vars(module).values()):
         if not (isinstance(value, type) and value.__module__ == module.__name__):
             continue
         original = vars(value).get("forward")
         above, wrapper = [], original
-        while wrapper is not None and code is not None and getattr(wrapper, "__code__", None) is not code:
+        while wrapper is not None and getattr(wrapper, "__code__", None) is not code and len(above) < 8:
             above.append(wrapper)
             wrapper = getattr(wrapper, "__wrapped__", None)
-            if len(above) > 8:
-                wrapper = None
-        if wrapper is None:
+        if wrapper is None or getattr(wrapper, "__code__", None) is not code:
             continue
-        no_grad = None if len(above) > 1 else bool(above) and _is_no_grad(above[0])
-        found.append(Rotary(value, original, wrapper, wrapper.__wrapped__, no_grad if above else False))
+        no_grad = False if not above else _is_no_grad(above[0]) if len(above) == 1 else None
+        found.append(Rotary(value, original, wrapper, wrapper.__wrapped__, no_grad))
     return found
 
 

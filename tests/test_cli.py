@@ -67,6 +67,7 @@ def test_doctor_shows_bug_and_fix():
         assert all(patched <= TOLERANCE for _, patched in rows.values()), rows
 
 
+@pytest.mark.slow  # a subprocess that builds models: nox -s ci runs it
 def test_verify_a_checkpoint_directory(tmp_path):
     """A checkpoint saved with save_pretrained: a tiny Mistral with a sliding window of 4 tokens, which
     the scenarios exceed (holes from a padded cached prefix inside the window): exact with hfpatch, exit
@@ -86,6 +87,7 @@ def test_verify_a_checkpoint_directory(tmp_path):
         assert float(row.split()[-2]) > 1e-3 and float(row.split()[-1]) <= 1e-5, row
 
 
+@pytest.mark.slow  # a subprocess that builds models: nox -s ci runs it
 def test_verify_encoder_decoder_models(tmp_path):
     """An encoder-decoder checkpoint (a tiny BART saved with save_pretrained): fixed, exit 0, every
     decoder scenario and the left-padded encoder input; with LED (declared not fixable by positions,
@@ -103,6 +105,7 @@ def test_verify_encoder_decoder_models(tmp_path):
     assert "bart: fixed by hfpatch" in result.stdout and "led: wrong on stock" in result.stdout, result.stdout
 
 
+@pytest.mark.slow  # a subprocess that builds models: nox -s ci runs it
 def test_verify_vision_language_models(tmp_path):
     """``verify`` on image-text-to-text models: a model type (PaliGemma, built tiny with eager attention:
     its SDPA limit stays a note) and a checkpoint directory (a tiny Qwen2-VL, where it is patched): their
@@ -130,6 +133,7 @@ def test_verify_a_base_model_compares_hidden_states():
     assert result.patches and result.ok and result.stock_wrong, str(result)
 
 
+@pytest.mark.slow  # a subprocess that builds models: nox -s ci runs it
 def test_verify_a_model_type_hfpatch_does_not_patch_exits_1():
     """MPT (ALiBi from the distance between cache columns: declared not fixable by positions) is wrong
     on stock and by hand: exit 1, and no verdict says it is fixed."""
@@ -149,9 +153,14 @@ def test_verify_a_model_type_hfpatch_does_not_patch_exits_1():
     "target, says",
     [
         ("./my-checkpoint", "./my-checkpoint: no such checkpoint directory"),
-        ("gtp2", "did you mean gpt2"),
-        ("electra", "electra: not a causal LM"),
-        ("prophetnet", "prophetnet: cannot build a tiny encoder-decoder model"),
+        pytest.param("gtp2", "did you mean gpt2", marks=pytest.mark.slow),
+        pytest.param(
+            "notamodel", "notamodel: not a checkpoint directory, nor a model type", marks=pytest.mark.slow
+        ),
+        pytest.param("electra", "electra: not a causal LM", marks=pytest.mark.slow),
+        pytest.param(
+            "prophetnet", "prophetnet: cannot build a tiny encoder-decoder model", marks=pytest.mark.slow
+        ),
     ],
 )
 def test_verify_what_cannot_run_exits_2_with_one_line(target, says):
@@ -159,6 +168,7 @@ def test_verify_what_cannot_run_exits_2_with_one_line(target, says):
     assert line.startswith("python -m hfpatch verify: ") and says in line, line
 
 
+@pytest.mark.slow  # a subprocess that builds models: nox -s ci runs it
 def test_verify_carries_on_after_a_target_that_cannot_run():
     result = _run("verify", "./nowhere", "gpt2", "--no-static")
     assert result.returncode == 2 and "gpt2: fixed by hfpatch" in result.stdout, result.stdout + result.stderr

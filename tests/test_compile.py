@@ -59,6 +59,7 @@ def _fresh_dynamo():
     torch._dynamo.reset()
 
 
+@pytest.mark.slow  # nox -s ci runs it; the quick suite keeps test_no_graph_break_of_its_own
 def test_fullgraph_eager_backend(model):
     rows = random_rows([5, 5], seed=41)
     stock_first(lambda: run_padded(_Compiled(model, backend="eager"), rows, CHUNKS, LEFT))
@@ -72,6 +73,7 @@ def test_fullgraph_eager_backend(model):
 INDUCTOR_ARCH = ABSOLUTE
 
 
+@pytest.mark.slow
 @pytest.mark.inductor
 def test_inductor_padded_batch(model, arch):
     if arch != INDUCTOR_ARCH:  # one is enough (slow on CPU): the most position-sensitive family
@@ -150,6 +152,7 @@ def _prompt():
     }
 
 
+@pytest.mark.slow  # nox -s ci runs it; the quick suite keeps test_no_graph_break_of_its_own
 @pytest.mark.parametrize("kind", ["dynamic", "static"])
 def test_decode_loop_compiles_no_more_graphs_than_stock(model, arch, kind):
     """Prefill + 12 steps, mask given, no position_ids or cache_position: as few graphs as stock with
@@ -195,6 +198,7 @@ def test_decode_loop_compiles_no_more_graphs_than_stock(model, arch, kind):
     assert counts["hfpatch"] <= counts["stock"], counts
 
 
+@pytest.mark.slow  # nox -s ci runs it; the quick suite keeps test_no_graph_break_of_its_own
 def test_dynamic_shapes_prompt_length_adds_no_recompiles(model):
     counts = {}
 

@@ -104,3 +104,35 @@ def test_compiles_with_fullgraph(model_type, kind):
         torch._dynamo.reset()
     assert (got - eager).abs().max().item() <= TOLERANCE
     assert (got[0, :20] - _alone(model, rows[0], [20])).abs().max().item() <= TOLERANCE
+
+
+def test_only_rotary_classes_under_transformers_wrapper_are_replaced():
+    """A class whose forward is not wrapped in ``dynamic_rope_update`` (or a release without it, before
+    4.51) is left alone, whatever decorates its forward."""
+    import functools
+    import types
+
+    from hfpatch.rope import rotary_classes
+
+    module = types.ModuleType("not_a_transformers_module")
+
+    def decorate(function):
+        @functools.wraps(function)
+        def wrapper(*args, **kwargs):
+            return function(*args, **kwargs)
+
+        return wrapper
+
+    class Plain(torch.nn.Module):
+        def forward(self, x, position_ids):
+            return x
+
+    class Decorated(torch.nn.Module):
+        @decorate
+        def forward(self, x, position_ids):
+            return x
+
+    for cls in (Plain, Decorated):
+        cls.__module__ = module.__name__
+        setattr(module, cls.__name__, cls)
+    assert rotary_classes(module) == []

@@ -58,7 +58,7 @@ class Verification(NamedTuple):
         if self.ok:
             return "right on stock (hfpatch does not patch it)"
         if not self.by_hand:
-            return "wrong on stock (hfpatch does not patch it; it takes no positions to pass by hand)"
+            return "wrong on stock, and hfpatch does not patch it (it takes no positions to pass by hand)"
         if by_hand_ok:
             return "wrong on stock; positions from the mask would fix it, but hfpatch does not patch it"
         return "wrong on stock, and positions from the mask do not fix it (hfpatch does not patch it)"
@@ -69,9 +69,16 @@ class Verification(NamedTuple):
         width = max([44, *(len(row.scenario) for row in self.rows)])
         header = f"  {'scenario':{width}}  {'stock max|diff|':>16}  {second:>18}"
         lines += [header, "  " + "-" * (len(header) - 2)]
+        failures: dict[str, list[str]] = {}  # what raised -> the scenarios where it did
         for row in self.rows:
-            line = f"  {row.scenario:{width}}  {row.stock:16.2e}  {row.patched:18.2e}  {row.error}"
-            lines.append(line.rstrip())
+            lines.append(f"  {row.scenario:{width}}  {_cell(row.stock):>16}  {_cell(row.patched):>18}")
+            if row.error:
+                failures.setdefault(row.error, []).append(row.scenario)
+        lines += [f"  fails: {', '.join(scenarios)}: {error}" for error, scenarios in failures.items()]
         lines += [f"  note: {note}" for note in self.notes]
         lines.append(f"  exact = max|diff| <= {TOLERANCE:g} (fp32, vs each row run alone, unpadded)")
         return "\n".join(lines)
+
+
+def _cell(value: float) -> str:
+    return "fails" if value != value else f"{value:.2e}"  # nan: the call raised

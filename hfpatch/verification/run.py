@@ -253,5 +253,7 @@ def _run_scenario(model: Any, adapter: Optional[Adapter], probe: Probe) -> Row:
                 )
         except Exception as exc:  # noqa: BLE001 - a crash is a result of the probe
             results.append(float("nan"))
-            errors.append(f"{side}: {type(exc).__name__}: {first_line(exc)}")
-    return Row(probe.name, results[0], results[1], "; ".join(errors))
+            errors.append((side, f"{type(exc).__name__}: {first_line(exc, 100)}"))
+    if len(errors) == 2 and errors[0][1] == errors[1][1]:  # the same on both sides: said once
+        return Row(probe.name, results[0], results[1], f"both sides: {errors[0][1]}")
+    return Row(probe.name, results[0], results[1], "; ".join(f"{side}: {text}" for side, text in errors))
