@@ -127,7 +127,8 @@ def integrations(session: nox.Session) -> None:
 
 @nox.session(reuse_venv=False)
 def wheel(session: nox.Session) -> None:
-    """Build the wheel, install it (not editable) in a fresh virtualenv, run the doctor and the
+    """Build the wheel and install it as users do, into an environment that already has torch and a
+    transformers older than the newest (both must stay as they are), then run the doctor and the
     launcher from outside the checkout: a module or data file left out of the package fails here."""
     import tempfile
 
@@ -135,7 +136,16 @@ def wheel(session: nox.Session) -> None:
     out = Path(tempfile.mkdtemp(prefix="hfpatch-wheel-"))
     session.run("python", "-m", "build", "--wheel", "--outdir", str(out), str(ROOT))
     wheels = sorted(out.glob("hfpatch-*.whl"))
-    session.install(TORCH, f"transformers=={NEWEST}", str(wheels[-1]))
+    theirs = "4.57.6"  # the environment's own transformers: the last 4.x
+    session.install(TORCH, f"transformers=={theirs}")
+    versions = "import torch, transformers; print(torch.__version__, transformers.__version__)"
+    before = session.run("python", "-c", versions, silent=True)
+    session.install(str(wheels[-1]))
+    after = session.run("python", "-c", versions, silent=True)
+    if before != after or theirs not in after:
+        session.error(
+            f"installing hfpatch changed the environment's torch or transformers: {before} -> {after}"
+        )
     session.chdir(out)  # not the checkout: the installed package is what runs
     session.run("python", "-m", "hfpatch")
     session.run("hfpatch", "verify", "qwen2", "--no-static")

@@ -41,6 +41,10 @@ def test_ci_runs_the_readme_test_command():
     quick_start = re.search(r"## Quick start.*?```bash\n(.*?)```", README, re.S).group(1).splitlines()
     assert len(quick_start) == 2, "the quick start is two commands: the doctor, then the tests"
     assert quick_start[1] in (ROOT / ".ci" / "run").read_text()
+    sys.path.insert(0, str(ROOT / "compat"))
+    from matrix import TORCH  # the one place the matrix and nox read the pin from
+
+    assert all(TORCH in command for command in quick_start), (TORCH, quick_start)
 
 
 def test_architecture_table_is_current():
