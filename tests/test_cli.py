@@ -113,7 +113,7 @@ def test_verify_vision_language_models(tmp_path):
     if arch_skip_reason("paligemma"):
         pytest.skip(arch_skip_reason("paligemma"))
     targets = ["paligemma"]
-    if not arch_skip_reason("qwen2_vl"):  # 5.5+
+    if not arch_skip_reason("qwen2_vl"):  # 5.2+
         tiny_multimodal("qwen2_vl").save_pretrained(tmp_path / "qwen2_vl")
         targets.append(str(tmp_path / "qwen2_vl"))
     result = _run("verify", *targets, "--no-static")

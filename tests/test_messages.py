@@ -1,6 +1,5 @@
 """What a user reads when they get something wrong or ask what happened: one short line naming the
-argument and what was expected, no traceback from the CLI, no wall of text (the newcomer trial's list,
-research/newcomer-2026-12.md)."""
+argument and what was expected, no traceback from the CLI, no wall of text."""
 
 from __future__ import annotations
 
