@@ -217,3 +217,27 @@ def test_a_serving_thread_stays_exact_while_others_compare_with_stock(capsys):
         server.join(60)
     capsys.readouterr()
     assert len(served) > 20 and not errors, f"{len(errors)} of {len(served)} served results were wrong"
+
+
+def test_blocks_make_no_garbage_collector_pass(two, monkeypatch):
+    """With accelerate imported, the forward functions hfpatch installs are rebound on models
+    accelerate hooked, with one pass over the garbage collector's objects: when apply() installs them,
+    or the first block of a model type does; later patched() and unpatched() blocks make none (the same
+    functions go back on the class, and they run stock wherever hfpatch is not applied)."""
+    import gc
+    import sys
+    import types
+
+    arch, _ = two
+    monkeypatch.setitem(sys.modules, "accelerate.hooks", types.ModuleType("accelerate.hooks"))
+    passes = []
+    real = gc.get_objects
+    monkeypatch.setattr(gc, "get_objects", lambda *a, **k: passes.append(1) or real(*a, **k))
+    with hfpatch.patched(arch):  # installed before (by the fixture's apply()): built already
+        pass
+    for _ in range(5):
+        with hfpatch.patched(arch), hfpatch.unpatched(arch):
+            pass
+    assert passes == [], "patched()/unpatched() blocks made a pass over the garbage collector"
+    hfpatch.apply(arch)
+    assert passes == [1], "apply() installing the forward rebinds hooked models, with one pass"

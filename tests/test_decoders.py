@@ -26,7 +26,7 @@ from hfpatch.windows import positional
 
 from conftest import REGISTRY, SEQ2SEQ_MODEL_TYPES, TF, arch_skip_reason, require_covered, reverted, stock
 from expectations import left_padding_wrong_on_stock
-from harness import TOLERANCE, WRONG, cache_kwarg, static_cache
+from harness import TOLERANCE, WRONG, cache_kwarg, output_cache, static_cache
 
 SEQ2SEQ = [name for name, adapter in REGISTRY.items() if adapter.family.seq2seq]
 QUICK = {"bart", "m2m_100", "t5", "whisper"}  # one per family
@@ -98,13 +98,6 @@ def _logits(model: Any, out: Any) -> torch.Tensor:
     return logits.view(-1, channels, *logits.shape[1:]).transpose(1, 2) if channels else logits
 
 
-def _cache_of(output: Any) -> Any:
-    for key in ("cache", "past_key_values"):
-        if key in output.keys():
-            return output[key]
-    return None
-
-
 def _alone(model: Any, encoder_row: torch.Tensor, row: list[int]) -> torch.Tensor:
     """One row's decoder logits: its encoder input, its decoder tokens unpadded, one call, stock."""
     with torch.no_grad(), hfpatch.unpatched():
@@ -139,7 +132,7 @@ def _padded(
             inputs[cache_kwarg(model)] = cache
         with torch.no_grad():
             out = model(**inputs)
-        returned = _cache_of(out)
+        returned = output_cache(out)
         cache = returned if returned is not None else cache  # none returned: the one passed goes on
         for r in range(2):
             logits[r] += [_logits(model, out)[r, i] for i in real[r]]
@@ -297,7 +290,7 @@ def _past_the_window_error(model: Any, rows: tuple) -> float:
         second = model(
             input_ids=encoder, decoder_input_ids=torch.tensor([[rows[0][10]], [rows[1][4]]]),
             decoder_attention_mask=torch.cat([mask, torch.ones(2, 1, dtype=mask.dtype)], 1),
-            **{cache_kwarg(model): _cache_of(first)},
+            **{cache_kwarg(model): output_cache(first)},
         )  # fmt: skip
     got = [torch.cat([first.logits[0], second.logits[0]]), torch.cat([first.logits[1, :4], second.logits[1]])]
     return max((_alone(model, encoder[r], row) - got[r]).abs().max().item() for r, row in enumerate(rows))
@@ -348,18 +341,19 @@ def test_compiled_decoder_matches_eager(name):
         kwargs = dict(
             input_ids=ids, attention_mask=mask, encoder_hidden_states=first.encoder_last_hidden_state
         )
-        eager = decoder(**kwargs, past_key_values=_copy(_cache_of(first))).last_hidden_state
+        cached = output_cache(first)
+        eager = decoder(**kwargs, past_key_values=_copy(cached)).last_hidden_state
         torch._dynamo.reset()
-        explained = torch._dynamo.explain(decoder)(**kwargs, past_key_values=_copy(_cache_of(first)))
+        explained = torch._dynamo.explain(decoder)(**kwargs, past_key_values=_copy(cached))
         with reverted():
             torch._dynamo.reset()
-            stock_breaks = torch._dynamo.explain(decoder)(**kwargs, past_key_values=_copy(_cache_of(first)))
+            stock_breaks = torch._dynamo.explain(decoder)(**kwargs, past_key_values=_copy(cached))
         torch._dynamo.reset()
         whole = stock_breaks.graph_break_count == 0
         if whole:
             assert explained.graph_break_count == 0, explained.break_reasons
         assert _break_lines(explained) <= _break_lines(stock_breaks), explained.break_reasons
-        compiled = torch.compile(decoder, fullgraph=whole)(**kwargs, past_key_values=_copy(_cache_of(first)))
+        compiled = torch.compile(decoder, fullgraph=whole)(**kwargs, past_key_values=_copy(cached))
     torch._dynamo.reset()
     assert (compiled.last_hidden_state - eager).abs().max().item() <= TOLERANCE
 

@@ -13,7 +13,16 @@ from hfpatch.verification.tiny import tiny_config
 from hfpatch.windows import positional
 
 from conftest import REGISTRY, TF, arch_skip_reason, static_cache_skip_reason, stock
-from harness import TOLERANCE, WRONG, max_diff, random_rows, run_padded, static_cache
+from harness import (
+    TOLERANCE,
+    WRONG,
+    cache_kwarg,
+    max_diff,
+    output_cache,
+    random_rows,
+    run_padded,
+    static_cache,
+)
 
 WINDOW = 128
 # model type: the config fields that give it a window of WINDOW tokens (and its kind of layers)
@@ -98,15 +107,11 @@ def test_compiles_with_fullgraph(cache):
     def decode(forward):
         width = 160 if cache == "StaticCache" else None
         state = static_cache(model, 2, 160) if width else None
-        name = (
-            "cache"
-            if "cache" in __import__("inspect").signature(model.forward).parameters
-            else "past_key_values"
-        )
+        name = cache_kwarg(model)
         full = mask if width is None else torch.cat([mask, mask.new_zeros(2, width - 140)], 1)
         with torch.no_grad():
             out = model(input_ids=prompt, attention_mask=full, use_cache=True, **{name: state})
-            state = out[name] if name in out.keys() else out.past_key_values
+            state = output_cache(out)
             if isinstance(state, tuple):  # fed back, transformers' own deprecation warning breaks the graph
                 pytest.skip(f"the model's own cache is a legacy tuple in transformers {TF}")
             tokens, logits, grown = [out.logits[:, -1:].argmax(-1)], [], mask
@@ -118,7 +123,7 @@ def test_compiles_with_fullgraph(cache):
                     else torch.cat([grown, grown.new_zeros(2, width - grown.shape[1])], 1)
                 )
                 out = forward(input_ids=tokens[-1], attention_mask=call_mask, use_cache=True, **{name: state})
-                state = out[name] if name in out.keys() else out.past_key_values
+                state = output_cache(out)
                 logits.append(out.logits[:, -1])
                 tokens.append(out.logits[:, -1:].argmax(-1))
         return torch.cat(tokens, 1), torch.stack(logits, 1)
