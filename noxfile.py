@@ -125,6 +125,23 @@ def integrations(session: nox.Session) -> None:
     _free_disk(session)
 
 
+PLUGIN_TEST = """
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+
+def test_the_fixture_is_there(assert_padding_invariant):
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50)).eval()
+    try:
+        assert_padding_invariant(model, families=["padding"])
+    except AssertionError as exc:  # stock GPT-2 (the plugin patches nothing): left padding is wrong
+        assert "left padding, one call" in str(exc)
+    else:
+        raise AssertionError("stock GPT-2 passed the padding check")
+"""
+
+
 @nox.session(reuse_venv=False)
 def wheel(session: nox.Session) -> None:
     """Build the wheel and install it as users do, into an environment that already has torch and a
@@ -151,5 +168,9 @@ def wheel(session: nox.Session) -> None:
     session.run("hfpatch", "verify", "qwen2", "--no-static")
     check = "import hfpatch; how = hfpatch.status().applied_by; assert 'launcher' in how, how; print(how)"
     session.run("hfpatch", "run", "--", "python", "-c", check)
+    # the pytest plugin: a suite that imports nothing of hfpatch has the fixture
+    session.install("pytest")
+    (out / "test_plugin.py").write_text(PLUGIN_TEST)
+    session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", str(out / "test_plugin.py"))
     shutil.rmtree(out, ignore_errors=True)
     _free_disk(session)

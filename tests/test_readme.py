@@ -26,8 +26,19 @@ def test_readme_is_short():
 
 @pytest.mark.parametrize("number", range(len(EXAMPLES)))
 def test_readme_examples_run_as_printed(number, tmp_path):
+    """A script prints an exact result first and a verify table; a pytest example (a ``test_`` function)
+    passes under pytest, with the fixture the installed plugin gives."""
+    example = EXAMPLES[number]
+    if "def test_" in example:
+        (tmp_path / "test_example.py").write_text(example)
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_example.py"],
+            capture_output=True, text=True, timeout=600, cwd=tmp_path,
+        )  # fmt: skip
+        assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+        return
     script = tmp_path / "example.py"
-    script.write_text(EXAMPLES[number])
+    script.write_text(example)
     done = subprocess.run(
         [sys.executable, str(script)], capture_output=True, text=True, timeout=600, cwd=tmp_path
     )

@@ -7,9 +7,10 @@ threads using the same model meanwhile keep what they had.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
-from typing import Any, Callable, NamedTuple, Optional, Union
+from typing import Any, Optional, Union
 
 import torch
 
@@ -24,35 +25,24 @@ from .result import CannotVerify, Row, Verification
 from .scenarios import (
     DECODER_ONLY,
     ENCODER_SCENARIO,
+    MAX_ROPE_PROBE,
+    MAX_WINDOW_PROBE,
     SCENARIOS,
     Inputs,
     PositionsByHand,
-    Scenario,
+    Probe,
     cache_inputs,
-    diff_alone,
     is_seq2seq,
+    probes,
     rows_of,
+    run_alone,
     run_batch,
     seq2seq_inputs,
     static_cache,
     takes_static_cache,
 )
 
-__all__ = ["Probe", "verify"]
-
-STATIC_SLOTS = 16
-MAX_ROPE_PROBE = 1024  # longest original context the rope scenario probes (a row past it, in one call)
-MAX_WINDOW_PROBE = 1024  # longest window the window scenario probes (a right-padded prefix past it)
-
-
-class Probe(NamedTuple):
-    """One scenario as ``verify`` runs it on a model."""
-
-    name: str
-    scenario: Scenario
-    cache: Optional[Callable[[], Any]] = None  # makes the cache the first call starts from (a StaticCache)
-    width: Optional[int] = None  # pad every mask with zeros to this many columns (a static cache's)
-    inputs: Inputs = DECODER_ONLY
+__all__ = ["verify"]
 
 
 def verify(model: Union[str, os.PathLike, Any], static: bool = True) -> Verification:
@@ -179,36 +169,28 @@ def _decoder_takes_positions(adapter: Optional[Adapter]) -> bool:
 
 
 def _probes(model: Any, adapter: Optional[Adapter], static: bool, inputs: Inputs) -> list[Probe]:
-    """Each scenario this model can run."""
+    """Each scenario this model can run: windows only where hfpatch decides them by position (elsewhere
+    a declared limit, said in the notes), rope scaling of decoder-only models."""
     seq2seq = is_seq2seq(model)
-    prefix = "decoder: " if seq2seq else ""
     cached = cache_inputs(model, inputs)
-    name, inputs = (cache_name(model), cached) if cached is not None else (None, inputs)
-    probes = [Probe(prefix + s.name, s, inputs=inputs) for s in SCENARIOS if name is not None or not s.cached]
-    if static and name is not None and takes_static_cache(model, inputs):
-        variable = SCENARIOS[2]
-        factory = lambda: static_cache(model, len(variable.lengths), STATIC_SLOTS)  # noqa: E731
-        # decoder-only: a mask of every slot (a compiled decode loop's); a decoder: of past + new (generate's)
-        width = None if seq2seq else STATIC_SLOTS
-        probes.append(Probe(f"{prefix}{variable.name}, StaticCache", variable, factory, width, inputs))
+    inputs = cached if cached is not None else inputs
+    factory = None
+    if static and cached is not None and takes_static_cache(model, inputs):
+        factory = functools.partial(static_cache, model)
     window = None
     if adapter is not None and positional(model, adapter.cls):
         window = smallest_window(model, adapter.cls)
-    if name is not None and window is not None and window <= MAX_WINDOW_PROBE:  # holes inside a window
-        lengths = (window + 6, window + 3)
-        beyond = Scenario(f"{prefix}right-padded prefix past the window ({window}) + 2", lengths,
-                          ((window + 4, window + 1), (2, 2)), ((False, False), (True, False)))  # fmt: skip
-        probes.append(Probe(beyond.name, beyond, inputs=inputs))
-    if seq2seq:  # rope scaling of a decoder: not probed yet
-        return probes
-    scaled = scaled_rope(model)
-    if scaled is not None and scaled[1] <= MAX_ROPE_PROBE:  # a short row batched with one past the context
-        kind, threshold = scaled
-        lengths = (max(2, threshold // 2), threshold + 8)
-        crossing = Scenario(f"{kind}: rows of {lengths[0]} and {lengths[1]} tokens, one call", lengths,
-                            (lengths,), ((False, False),), cached=False)  # fmt: skip
-        probes.append(Probe(crossing.name, crossing, inputs=inputs))
-    return probes
+    return probes(
+        SCENARIOS,
+        inputs,
+        cached=cached is not None,
+        prefix="decoder: " if seq2seq else "",
+        static=factory,
+        # decoder-only: a mask of every slot (a compiled decode loop's); a decoder: of past + new (generate's)
+        static_width=not seq2seq,
+        window=window,
+        rope=None if seq2seq else scaled_rope(model),  # rope scaling of a decoder: not probed yet
+    )
 
 
 def _encoder_probes(model: Any, decoder: Inputs, notes: list[str]) -> list[Probe]:
@@ -228,7 +210,7 @@ def _encoder_probes(model: Any, decoder: Inputs, notes: list[str]) -> list[Probe
 def _run_scenario(model: Any, adapter: Optional[Adapter], probe: Probe) -> Row:
     """Stock, then hfpatch (or, for a model hfpatch does not patch here, positions by hand), each against
     every row alone."""
-    scenario, inputs = probe.scenario, probe.inputs
+    scenario, inputs, name = probe.scenario, probe.inputs, cache_name(model)
     rows = rows_of(scenario, inputs.pad)
     results, errors = [], []
     for side in ("stock", "hfpatch"):
@@ -239,15 +221,18 @@ def _run_scenario(model: Any, adapter: Optional[Adapter], probe: Probe) -> Row:
                 )
                 with engine.unpatched():
                     call = PositionsByHand(model, inputs) if by_hand else model
-                    got = run_batch(call, model, rows, scenario, probe.cache, probe.width, inputs)
+                    got = run_batch(call, rows, scenario, name, probe.cache, probe.width, inputs)
             else:
                 context = engine.unpatched(adapter.arch) if side == "stock" else engine.patched(adapter.arch)
                 with context:
-                    got = run_batch(model, model, rows, scenario, probe.cache, probe.width, inputs)
+                    got = run_batch(model, rows, scenario, name, probe.cache, probe.width, inputs)
             with engine.unpatched():
                 results.append(
                     max(
-                        diff_alone(model, r, row, out, inputs, [chunk[r] for chunk in scenario.chunks])
+                        (run_alone(model, r, row, name, inputs, [c[r] for c in scenario.chunks]) - out)
+                        .abs()
+                        .max()
+                        .item()
                         for r, (row, out) in enumerate(zip(rows, got))
                     )
                 )

@@ -5,6 +5,7 @@ an :class:`Inputs`."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any, Callable, NamedTuple, Optional
 
@@ -21,7 +22,10 @@ __all__ = [
     "Inputs",
     "PositionsByHand",
     "Scenario",
-    "diff_alone",
+    "MORE_SCENARIOS",
+    "Probe",
+    "probes",
+    "run_alone",
     "cache_inputs",
     "encoder_input",
     "is_seq2seq",
@@ -58,12 +62,82 @@ SCENARIOS = (
     # a left-padded prompt in the cache, continued by several tokens (4.36-4.37's SDPA mask code)
     Scenario("left-padded prefix + 2 tokens", (4, 6), ((2, 4), (2, 2)), ((True, True), (False, False))),
 )
+# what hfpatch.testing runs besides: right padding in one call, a right-padded prefix continued by
+# several tokens, and rows split into four cached calls, padded left or right in each
+MORE_SCENARIOS = (
+    Scenario("right padding, one call", (3, 6), ((3, 6),), ((False, False),), cached=False),
+    Scenario("right-padded prefix + 3 tokens", (5, 7), ((2, 4), (3, 3)), ((False, False), (False, False))),
+    Scenario(
+        "four cached calls",
+        (6, 4, 5),
+        ((2, 1, 2), (1, 2, 0), (2, 0, 2), (1, 1, 1)),
+        ((False, True, False), (True, False, False), (False, False, True), (False, True, False)),
+    ),
+)
 
 
-def scenario_rows(scenario: Scenario, seed: int = 1) -> list[list[int]]:
-    """The token ids of a scenario's rows (fixed by ``seed``)."""
+def scenario_rows(scenario: Scenario, seed: int = 1, vocab: int = VOCAB) -> list[list[int]]:
+    """The token ids of a scenario's rows (fixed by ``seed``), below ``vocab``."""
     generator = torch.Generator().manual_seed(seed)
-    return [torch.randint(1, VOCAB, (n,), generator=generator).tolist() for n in scenario.lengths]
+    return [torch.randint(1, vocab, (n,), generator=generator).tolist() for n in scenario.lengths]
+
+
+class Probe(NamedTuple):
+    """One scenario as it runs on a model."""
+
+    name: str
+    scenario: Scenario
+    cache: Optional[Callable[[], Any]] = None  # makes the cache the first call starts from (a StaticCache)
+    width: Optional[int] = None  # pad every mask with zeros to this many columns (a static cache's)
+    inputs: Any = None  # Inputs (None: a decoder-only model's)
+    family: str = ""  # what it checks: PADDING, CACHED, STATIC, WINDOW or ROPE (hfpatch.testing's families)
+
+
+PADDING, CACHED, STATIC, WINDOW, ROPE = "padding", "cached", "static", "window", "rope"
+
+
+def probes(
+    scenarios: Sequence[Scenario],
+    inputs: Any,
+    cached: bool,
+    prefix: str = "",
+    static: Optional[Callable[[int, int], Any]] = None,
+    static_width: bool = True,
+    window: Optional[int] = None,
+    rope: Optional[tuple[str, int]] = None,
+) -> list[Probe]:
+    """The probes of a model: ``scenarios`` (the cached ones where the model returns a cache), the
+    variable one again with a static cache where ``static`` makes one (``static(batch, slots)``; with a
+    mask of every slot where ``static_width``, else of past + new), a right-padded prefix past the
+    ``window`` where there is one to probe, and rows on both sides of a scaled ``rope``'s original
+    context (its kind and that context)."""
+    found = [
+        Probe(prefix + s.name, s, inputs=inputs, family=CACHED if s.cached else PADDING)
+        for s in scenarios
+        if cached or not s.cached
+    ]
+    if static is not None and cached:
+        variable = SCENARIOS[2]
+        factory = functools.partial(static, len(variable.lengths), STATIC_SLOTS)
+        width = STATIC_SLOTS if static_width else None
+        found.append(Probe(f"{prefix}{variable.name}, StaticCache", variable, factory, width, inputs, STATIC))
+    if cached and window is not None and window <= MAX_WINDOW_PROBE:  # holes inside a window
+        lengths = (window + 6, window + 3)
+        beyond = Scenario(f"{prefix}right-padded prefix past the window ({window}) + 2", lengths,
+                          ((window + 4, window + 1), (2, 2)), ((False, False), (True, False)))  # fmt: skip
+        found.append(Probe(beyond.name, beyond, inputs=inputs, family=WINDOW))
+    if rope is not None and rope[1] <= MAX_ROPE_PROBE:  # a short row batched with one past the context
+        kind, threshold = rope
+        lengths = (max(2, threshold // 2), threshold + 8)
+        name = f"{prefix}{kind}: rows of {lengths[0]} and {lengths[1]} tokens, one call"
+        crossing = Scenario(name, lengths, (lengths,), ((False, False),), cached=False)
+        found.append(Probe(crossing.name, crossing, inputs=inputs, family=ROPE))
+    return found
+
+
+STATIC_SLOTS = 16
+MAX_ROPE_PROBE = 1024  # longest original context the rope scenario probes (a row past it, in one call)
+MAX_WINDOW_PROBE = 1024  # longest window the window scenario probes (a right-padded prefix past it)
 
 
 class Inputs(NamedTuple):
@@ -164,25 +238,28 @@ def encoder_input(model: Any, rows: int, seed: int = 0) -> torch.Tensor:
     return torch.randn(rows, 64, features, generator=generator)
 
 
-def rows_of(scenario: Scenario, pad: int) -> list[list[int]]:
+def rows_of(scenario: Scenario, pad: int, vocab: int = VOCAB) -> list[list[int]]:
     """The scenario's rows (:func:`scenario_rows`), none of their tokens the pad id."""
-    return [[token if token != pad else pad + 1 for token in row] for row in scenario_rows(scenario)]
+    rows = scenario_rows(scenario, vocab=vocab)
+    return [[token if token != pad else (pad + 1) % vocab or 1 for token in row] for row in rows]
 
 
 def run_batch(
     call: Callable[..., Any],
-    model: Any,
     rows: list,
     scenario: Scenario,
-    cache: Any,
-    width: Optional[int],
-    inputs: Inputs = DECODER_ONLY,
+    cache_kw: Optional[str],
+    cache: Optional[Callable[[], Any]] = None,
+    width: Optional[int] = None,
+    inputs: Inputs = None,  # type: ignore[assignment]
 ) -> list[torch.Tensor]:
-    """Run ``rows`` as one padded batch in the scenario's KV-cached calls; each row's real outputs."""
+    """Run ``rows`` as one padded batch in the scenario's calls (KV-cached under ``cache_kw``, the
+    first starting from ``cache()`` where given); each row's real outputs, in order."""
+    inputs = inputs or DECODER_ONLY
     batch, taken = len(rows), [0] * len(rows)
     mask = torch.zeros(batch, 0, dtype=torch.long)
     pieces: list[list[torch.Tensor]] = [[] for _ in rows]
-    name = cache_name(model) if scenario.cached else None
+    name = cache_kw if scenario.cached else None
     cache = cache() if cache is not None else None
     for counts, lefts in zip(scenario.chunks, scenario.left):
         new = max(counts)
@@ -209,18 +286,19 @@ def run_batch(
     return [torch.cat(p) for p in pieces]
 
 
-def diff_alone(
-    model: Any,
+def run_alone(
+    call: Callable[..., Any],
     r: int,
     row: Sequence[int],
-    got: torch.Tensor,
-    inputs: Inputs = DECODER_ONLY,
+    cache_kw: Optional[str],
+    inputs: Inputs = None,  # type: ignore[assignment]
     counts: Sequence[int] = (),
-) -> float:
-    """Row ``r`` alone (its tokens unpadded, its own fixed inputs, one call, no mask) against ``got``; a
-    prefix LM's row alone runs through the same calls (``counts``: its tokens in each), a mask of ones."""
+) -> torch.Tensor:
+    """Row ``r`` alone: its tokens unpadded, its own fixed inputs, one call, no mask; a prefix LM's row
+    runs through the same calls (``counts``: its tokens in each), with a mask of ones. Its outputs."""
+    inputs = inputs or DECODER_ONLY
     calls = [n for n in counts if n] if inputs.prefix_lm else [len(row)]
-    name = cache_name(model) if len(calls) > 1 else None
+    name = cache_kw if len(calls) > 1 else None
     cache, taken, pieces = None, 0, []
     for n in calls:
         ids = torch.tensor([list(row[taken : taken + n])])
@@ -228,10 +306,10 @@ def diff_alone(
         mask = {inputs.mask: torch.ones(1, taken, dtype=torch.long)} if inputs.prefix_lm else {}
         kwargs = inputs.cache_kwargs(name, cache)
         with torch.no_grad():
-            out = model(**{inputs.ids: inputs.tokens(ids)}, **inputs.row(r, 1), **mask, **kwargs)
+            out = call(**{inputs.ids: inputs.tokens(ids)}, **inputs.row(r, 1), **mask, **kwargs)
         cache = output_cache(out) if kwargs else None
         pieces.append(inputs.outputs(out)[0])
-    return (torch.cat(pieces) - got).abs().max().item()
+    return torch.cat(pieces)
 
 
 def outputs(out: Any) -> torch.Tensor:

@@ -1,0 +1,149 @@
+"""hfpatch.testing, the reference for padding invariance: it raises where a forward is wrong (stock GPT-2,
+a rotary kernel that reads only row 0's positions, a loop that numbers tokens by arange) and passes where
+it is right (patched GPT-2 and Llama, a callable that calls them), with a table that says where; pytest
+has it as a fixture once hfpatch is installed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from hypothesis import given, settings
+
+import hfpatch
+from hfpatch.testing import assert_padding_invariant, tolerance_for
+from hfpatch.testing.strategies import scenarios
+from hfpatch.verification.tiny import VOCAB, tiny_model
+
+from conftest import arch_skip_reason
+
+ROTARY, ABSOLUTE = "llama", "gpt2"
+
+
+@pytest.fixture(params=[ABSOLUTE, ROTARY])
+def flagship(request):
+    if arch_skip_reason(request.param):
+        pytest.skip(arch_skip_reason(request.param))
+    return tiny_model(request.param)
+
+
+def test_passes_on_patched_models_and_callables_of_them(flagship):
+    report = assert_padding_invariant(flagship)
+    assert report.ok and len({r.scenario for r in report.results}) >= 7
+    assert max(r.max_diff for r in report.results) <= 1e-5
+    through = assert_padding_invariant(lambda **kwargs: flagship(**kwargs), vocab_size=VOCAB)
+    assert through.ok and "static (needs a transformers model)" in str(through)
+
+
+def test_raises_on_stock_naming_where(flagship):
+    with hfpatch.unpatched(), pytest.raises(AssertionError) as caught:
+        assert_padding_invariant(flagship)
+    table = str(caught.value)
+    assert table.startswith("padding invariance broken:"), table
+    assert "right-padded prefix + 1 token" in table and "3 of 4" in table, table  # the token after the hole
+    if flagship.config.model_type == ABSOLUTE:
+        assert "left padding, one call" in table, table
+    else:  # a uniform rotary shift cancels
+        assert "left padding, one call" not in table, table
+
+
+def test_raises_on_a_rotary_kernel_that_reads_row_zeros_positions():
+    """A patched Llama whose rotary embedding uses the first row's positions for every row (a fused
+    kernel's bug: Liger-Kernel #461): hfpatch's positions are right, the kernel throws them away."""
+    if arch_skip_reason(ROTARY):
+        pytest.skip(arch_skip_reason(ROTARY))
+    model = tiny_model(ROTARY)
+    rotary = model.base_model.rotary_emb
+    forward = rotary.forward
+    rotary.forward = lambda x, position_ids, *a, **k: forward(
+        x, position_ids[:1].expand_as(position_ids), *a, **k
+    )
+    with pytest.raises(AssertionError, match="padding invariance broken"):
+        assert_padding_invariant(model)
+    del rotary.forward
+    assert assert_padding_invariant(model).ok
+
+
+def test_raises_on_a_loop_that_numbers_tokens_by_arange():
+    """A fast path that passes ``position_ids = arange(past, past + new)``: hfpatch leaves explicit
+    positions as they are, so the oracle sees the loop's own mistake."""
+    if arch_skip_reason(ABSOLUTE):
+        pytest.skip(arch_skip_reason(ABSOLUTE))
+    model = tiny_model(ABSOLUTE)
+
+    def arange_positions(input_ids, attention_mask=None, past_key_values=None, **kwargs):
+        past = past_key_values.get_seq_length() if past_key_values is not None else 0
+        positions = torch.arange(past, past + input_ids.shape[1]).expand(input_ids.shape[0], -1)
+        return model(input_ids=input_ids, attention_mask=attention_mask, past_key_values=past_key_values,
+                     position_ids=positions, **kwargs)  # fmt: skip
+
+    with pytest.raises(AssertionError, match="padding invariance broken"):
+        assert_padding_invariant(arange_positions, vocab_size=VOCAB)
+
+
+def test_half_precision_has_a_tolerance_of_its_own():
+    if arch_skip_reason(ROTARY):
+        pytest.skip(arch_skip_reason(ROTARY))
+    model = tiny_model(ROTARY).to(torch.bfloat16)
+    report = assert_padding_invariant(model, families=["padding", "cached"])
+    assert report.dtype == "bfloat16" and report.tolerance > tolerance_for(torch.float32)
+    with hfpatch.unpatched(), pytest.raises(AssertionError, match="right-padded prefix"):
+        assert_padding_invariant(model, families=["cached"])
+
+
+def test_bad_arguments_say_which():
+    with pytest.raises(TypeError, match="vocab_size: required"):
+        assert_padding_invariant(lambda **kwargs: None)
+    with pytest.raises(TypeError, match="model: expected"):
+        assert_padding_invariant(3)
+    with pytest.raises(ValueError, match="families: unknown"):
+        assert_padding_invariant(lambda **kwargs: None, vocab_size=10, families=["holes"])
+
+
+@settings(max_examples=8, deadline=None)
+@given(scenario=scenarios())
+def test_drawn_scenarios_hold_on_a_patched_model(scenario):
+    """Property tests with the strategies: any padding, any split into cached calls."""
+    if arch_skip_reason(ABSOLUTE):
+        pytest.skip(arch_skip_reason(ABSOLUTE))
+    assert assert_padding_invariant(_model(ABSOLUTE), scenarios=[scenario]).ok
+
+
+_models: dict = {}
+
+
+def _model(arch):
+    if arch not in _models:
+        _models[arch] = tiny_model(arch)
+    return _models[arch]
+
+
+def test_the_pytest_plugin_gives_every_suite_the_fixture(tmp_path):
+    """Installed hfpatch registers the fixture through the ``pytest11`` entry point: a test suite that
+    imports nothing of hfpatch has it."""
+    (tmp_path / "test_theirs.py").write_text(
+        textwrap.dedent(
+            """
+            import torch
+            from transformers import GPT2Config, GPT2LMHeadModel
+
+            def test_their_model(assert_padding_invariant):
+                torch.manual_seed(0)
+                model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50)).eval()
+                try:
+                    assert_padding_invariant(model, families=["padding"])
+                except AssertionError as exc:  # stock GPT-2: left padding shifts every position
+                    assert "left padding, one call" in str(exc)
+                else:
+                    raise AssertionError("stock GPT-2 passed")
+            """
+        )
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout + done.stderr
