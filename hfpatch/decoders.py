@@ -110,7 +110,10 @@ def _padded_table(original: Callable) -> Callable:
 
 
 def _relative_bias(original: Callable) -> Callable:
-    offset_name = list(inspect.signature(original).parameters)[4]  # past_seen_tokens (5.x), cache_position
+    parameters = list(inspect.signature(original).parameters)
+    if len(parameters) < 5:  # before 4.46: compute_bias(self, query_length, key_length, device)
+        raise TypeError(f"{original.__qualname__} takes no offset of the first query (4.46+)")
+    offset_name = parameters[4]  # past_seen_tokens (5.x), cache_position
 
     def compute_bias(
         self: Any, query_length: Any, key_length: Any, device: Any = None, *args: Any, **kw: Any
@@ -154,7 +157,8 @@ HANDS_TO: dict[str, Receiver] = {
 
 def receiver(owner: type, hands_to: str) -> Optional[tuple[str, Callable, Callable]]:
     """The method of ``owner`` (a receiver class) that takes handed positions: (name, original,
-    replacement); None where the class has no such method of its own."""
+    replacement); None where the class has no such method of its own; ``TypeError`` where the method
+    is not the one the family's replacement calls."""
     name, make, _ = HANDS_TO[hands_to]
     original = owner.__dict__.get(name)
     if original is None:

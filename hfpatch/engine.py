@@ -67,7 +67,9 @@ Archs = Union[str, Iterable[str], None]
 class _State:
     """What the engine knows of one adapter."""
 
-    __slots__ = ("adapter", "pin", "holders", "hooked", "forced", "rows", "installed", "skip_reason")
+    __slots__ = (
+        "adapter", "pin", "holders", "hooked", "forced", "rows", "installed", "skip_reason", "class_differs",
+    )  # fmt: skip
 
     def __init__(self, adapter: Adapter) -> None:
         self.adapter = adapter
@@ -78,6 +80,7 @@ class _State:
         self.rows: tuple[Patch, ...] = ()  # what it replaces, built once per class and kept
         self.installed = False
         self.skip_reason: Optional[str] = None
+        self.class_differs = False  # its module's class is not the one it patches (its build failed)
 
     @property
     def wanted(self) -> bool:
@@ -197,13 +200,16 @@ def adapter_for(arch: str) -> Optional[Adapter]:
 
 
 def patchable(arch: str) -> bool:
-    """Whether the adapter of ``arch`` may patch the installed release: its range admits it (tested, or
-    untested newer), or ``apply(..., ignore_ranges=True)`` asked for it."""
+    """Whether the adapter of ``arch`` patches the installed release: its range admits it (tested, or
+    untested newer), or ``apply(..., ignore_ranges=True)`` asked for it, and its class, where its module
+    has been imported, is the one it patches."""
     adapter = adapter_for(arch)
     if adapter is None:
         return False
     with _lock:
-        return _states[adapter.arch].forced or support(adapter, installed_transformers()).patchable
+        state = _states[adapter.arch]
+        allowed = state.forced or support(adapter, installed_transformers()).patchable
+        return allowed and not state.class_differs
 
 
 def apply(archs: Archs = None, *, ignore_ranges: bool = False) -> Status:
@@ -434,10 +440,11 @@ def _install(state: _State, module: Any) -> list[Patch]:
         try:
             state.rows = build(state.adapter, module, state.pin)
         except TypeError as exc:
-            state.skip_reason = str(exc)
+            state.skip_reason, state.class_differs = str(exc), True
             state.pin.pinned = state.forced = False
             state.holders.clear()
             return []
+    state.class_differs = False
     state.installed = True
     state.skip_reason = None
     return _ledger.install(state.pin, state.rows)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import inspect
 from collections.abc import Iterator
 from typing import Any, Optional
@@ -147,6 +148,7 @@ def require_covered(arch: str, probe: Optional[Probe] = None) -> None:
     if arch_skip_reason(arch) is not None:
         _PROBING.add(arch)
         hfpatch.apply(arch, ignore_ranges=True)
+    importlib.import_module(REGISTRY[arch].module)  # installed now, or found to be another class
     entry = hfpatch.status()[arch]
     if entry.state == "skipped":  # the release's class is not the one the adapter patches
         if probe is not None:

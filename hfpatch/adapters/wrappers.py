@@ -121,6 +121,7 @@ UNDECLARED = (
     _unmeasured("voxtral_realtime", "needs encoder inputs the probe did not build"),
     _unmeasured("kyutai_speech_to_text", "its tiny model fails a plain call"),
     _unmeasured("gptsan-japanese", "removed in 5.0"),
+    Undeclared("nllb", NOT_COVERED, "no model is of this type (NLLB checkpoints are m2m_100, patched by the 'm2m_100' adapter): an entry of the seq2seq mapping of 4.21-4.25 only"),
     # image-text-to-text: measured on 5.24.0 (hfpatch verify TYPE)
     _through("llava", "llama", "LlamaModel", WITH_IMAGE),
     _through("llava_next", "llama", "LlamaModel"),
