@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import functools
 import inspect
 import os
 import platform
@@ -410,16 +411,16 @@ def _static_slots_row(model: Any, batch: int, prompt: int, capacity: int, contro
 def window_decode(batch: int, prompt: int, window: int, steps: int = 301) -> list[str]:
     """A decode step past a sliding window: Mistral (4 layers, hidden 256, window ``window``), a
     right-padded prompt longer than the window, one token a step. hfpatch deriving the positions (its
-    windows by position: full cache layers, position masks) vs the same step with positions passed by
-    hand (hfpatch then does nothing: transformers' sliding layers and column masks, wrong past the
-    window for the padded rows). Each side has its own cache; their steps are interleaved."""
+    windows by position: full cache layers, position masks) vs stock transformers with the positions
+    passed by hand (its sliding layers and column masks, wrong past the window for the padded rows).
+    Each side has its own cache; their steps are interleaved."""
     model = tiny_model("mistral", sizes={**SMALL, "sliding_window": window}, attention="sdpa")
     ids, mask = padded_batch(batch, prompt)
     mask = mask.flip(-1)  # right padding: the pads become holes once the prompt is continued
     name = cache_name(model)
     sides = []
     for by_hand in (False, True):
-        with torch.no_grad():
+        with torch.no_grad(), _stock_if(by_hand):
             extra = {"position_ids": positions_from_mask(mask)} if by_hand else {}
             out = model(input_ids=ids, attention_mask=mask, use_cache=True, **extra)
         sides.append({"cache": output_cache(out), "mask": mask, "by_hand": by_hand})
@@ -431,7 +432,7 @@ def window_decode(batch: int, prompt: int, window: int, steps: int = 301) -> lis
         kwargs = {"input_ids": token, "attention_mask": run["mask"], "use_cache": True, name: run["cache"]}
         if run["by_hand"]:
             kwargs["position_ids"] = positions_from_mask(run["mask"])[:, -1:]
-        with torch.no_grad():
+        with torch.no_grad(), _stock_if(run["by_hand"]):
             return _seconds(lambda: model(**kwargs))
 
     paired = interleaved(timed, steps)
@@ -443,6 +444,48 @@ def window_decode(batch: int, prompt: int, window: int, steps: int = 301) -> lis
         f"| mistral (window {window}) | {batch} x 1 (after {prompt}, {steps} steps) | {paired.ms(0):.3f} "
         f"| {paired.ms(1):.3f} | **{statistics.median(paired.ratios()):.3f}** | {kv[0] / 2**20:.1f} | {kv[1] / 2**20:.1f} |"
     ]
+
+
+def _stock_if(stock: bool) -> Any:
+    return hfpatch.unpatched() if stock else contextlib.nullcontext()
+
+
+def given_positions_window_step(batch: int, prompt: int, window: int, steps: int = 301) -> list[str]:
+    """A decode step as ``generate()`` makes it (positions passed) on Mistral with a window, a
+    left-padded batch (no holes): hfpatch checks the mask for holes and leaves the call to stock, vs
+    stock itself; and an A/A row (stock vs stock)."""
+    model = tiny_model("mistral", sizes={**SMALL, "sliding_window": window}, attention="sdpa")
+    ids, mask = padded_batch(batch, prompt)
+    name = cache_name(model)
+    token = torch.ones(batch, 1, dtype=torch.long)
+    rows = []
+    for label, stock_sides in ((f"mistral (window {window})", (False, True)), ("mistral (A/A: stock vs stock)", (True, True))):  # fmt: skip
+        sides = []
+        for stock in stock_sides:
+            with torch.no_grad(), _stock_if(stock):
+                out = model(input_ids=ids, attention_mask=mask, position_ids=positions_from_mask(mask))
+            sides.append({"cache": output_cache(out), "mask": mask, "stock": stock})
+        paired = interleaved(functools.partial(_given_positions_step, model, sides, token, name), steps)
+        ratio, low, high = paired.ratio()
+        rows.append(
+            f"| {label} | {batch} x 1 (after {prompt}, {steps} steps) | {paired.ms(0):.3f} | {paired.ms(1):.3f} "
+            f"| **{ratio:.3f}** ({low:.2f}-{high:.2f}) |"
+        )
+    return rows
+
+
+def _given_positions_step(model: Any, sides: list, token: torch.Tensor, name: str, side: int) -> float:
+    run = sides[side]
+    run["mask"] = torch.cat([run["mask"], run["mask"].new_ones(token.shape[0], 1)], 1)
+    positions = positions_from_mask(run["mask"])[:, -1:]
+    kwargs = {
+        "input_ids": token,
+        "attention_mask": run["mask"],
+        "position_ids": positions,
+        name: run["cache"],
+    }
+    with torch.no_grad(), _stock_if(run["stock"]):
+        return _seconds(lambda: model(**kwargs, use_cache=True))
 
 
 def compiled_decode_step(batch: int, prompt: int, steps: int) -> list[str]:
@@ -831,15 +874,27 @@ def sections() -> dict[str, tuple[list[str], Callable[[], list[str]]]]:
                 "Mistral, 4 layers, hidden 256, SDPA, batch 8, a right-padded prompt of 512 tokens (its pads",
                 "become holes once it is continued), one token a step. hfpatch derives the positions (windows by",
                 "position: the sliding layers keep every key, the masks compare positions); the other side",
-                "passes the positions by hand, so hfpatch does nothing: transformers' sliding layers and column",
-                "masks, which are wrong past the window for the padded rows. Each side has its own cache; steps",
+                "is stock transformers with the positions passed by hand: its sliding layers and column masks,",
+                "which are wrong past the window for the padded rows. Each side has its own cache; steps",
                 "interleaved; the last two columns are the KV cache's size after the steps.",
                 "",
-                "| model | batch x tokens | hfpatch (ms) | positions by hand, transformers' window (ms) | ratio "
-                "| KV cache, hfpatch (MiB) | KV cache, transformers' window (MiB) |",
+                "| model | batch x tokens | hfpatch (ms) | stock, positions by hand (ms) | ratio "
+                "| KV cache, hfpatch (MiB) | KV cache, stock (MiB) |",
                 "|---|---|---|---|---|---|---|",
             ],
             lambda: window_decode(8, 512, 128),
+        ),
+        "## Decode step with positions passed (as `generate()` makes it), a window, no holes": (
+            [
+                "Mistral, 4 layers, hidden 256, SDPA, window 128, batch 8, a left-padded prompt of 512 tokens,",
+                "one token a step with `position_ids` passed, as `generate()` passes them. The mask has no holes,",
+                "so hfpatch only checks that (a few tensor ops and one read of a value) and leaves the call to",
+                "stock: the first row is that check's cost; the A/A row (stock on both sides) its noise floor.",
+                "",
+                "| model | batch x tokens | hfpatch (ms) | stock (ms) | ratio |",
+                "|---|---|---|---|---|",
+            ],
+            lambda: given_positions_window_step(8, 512, 128),
         ),
         "## Compiled decode step: hfpatch (mask only) vs stock with explicit inputs": (
             [

@@ -42,8 +42,8 @@ from .caches import CAPACITY
 from .declarations import Adapter
 from .decoders import call_with_positions
 from .plans import NO_SLOTS, SLOTS, SLOTS_REMOVED, Plan
-from .positions import cache_positions, new_token_positions
-from .windows import apply_windows
+from .positions import cache_positions, has_holes, new_token_positions
+from .windows import WindowPlan, apply_windows, configured_window
 
 __all__ = ["make_forward"]
 
@@ -89,7 +89,11 @@ def make_forward(adapter: Adapter, original: Callable, plan: Plan, pin: Pin) -> 
                 cache = kwargs[cache_kw]
         if "cache_position" in kwargs:
             derived = fill(self, plan, kwargs, cache)
+            if derived is None and window is not None:
+                given_windows(self, plan, window, kwargs, cache)
         elif passes_explicit and "position_ids" in kwargs and kwargs["position_ids"] is not None:
+            if window is not None:
+                given_windows(self, plan, window, kwargs, cache)
             return original(self, **kwargs)  # nothing to derive
         elif eager_mask is not None and not is_compiling() and _continues_a_prefix(kwargs):
             fill(self, plan, kwargs, cache)
@@ -104,6 +108,29 @@ def make_forward(adapter: Adapter, original: Callable, plan: Plan, pin: Pin) -> 
 
     forward.__hfpatch_adapter__ = arch  # type: ignore[attr-defined]
     return forward
+
+
+def given_windows(model: Any, plan: Plan, window: WindowPlan, kwargs: dict, cache: Any) -> None:
+    """A call with the caller's positions (``generate()`` passes its own): where its 2-D mask has a hole
+    (a padded cached prefix continued), the windows are decided by position, as for derived positions;
+    the positions stay the caller's. A mask without holes is left to stock (bit-identical): its windows
+    by cache column are right. In eager mode only (the check reads the mask; traced code is stock's)."""
+    mask, tokens = kwargs.get("attention_mask"), _inputs(kwargs, plan.ids_rank)
+    if mask.__class__ is not Tensor or mask.dim() != 2 or tokens is None or torch.compiler.is_compiling():
+        return
+    num_new, mask_len = tokens.shape[1], mask.shape[1]
+    smallest = configured_window(model)
+    if smallest is None or mask_len <= smallest:
+        return  # every key inside every window, by column and by position alike
+    slots = kwargs.get("cache_position")
+    if slots is not None:
+        start: Union[int, Tensor] = slots.reshape(-1)
+    elif caches.capacity(cache) is None and caches.past_length(cache) + num_new == mask_len:
+        start = mask_len - num_new  # a growing cache (or none) and a mask of past + new tokens
+    else:
+        return
+    if has_holes(mask):
+        apply_windows(model, window, plan.cache_kw, kwargs, cache, mask, num_new, start)
 
 
 def _continues_a_prefix(kwargs: dict) -> bool:

@@ -22,6 +22,7 @@ import torch
 
 __all__ = [
     "cache_positions",
+    "has_holes",
     "new_token_positions",
     "positions_from_mask",
     "static_fill_level",
@@ -92,6 +93,22 @@ def new_token_positions(
         else:
             count = real[:, :start].sum(-1, keepdim=True) + real[:, start : start + num_new].cumsum(-1)
     return count.sub_(1).clamp_(min=0)
+
+
+def has_holes(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Whether some row of a 2-D mask has a pad between two of its real tokens (a padded cached prefix
+    continued, a ragged batch): the masks whose windows by cache column and by position differ.
+
+    Returns:
+        0-d bool tensor.
+
+    Example:
+        >>> has_holes(torch.tensor([[0, 1, 1], [1, 1, 0]])), has_holes(torch.tensor([[1, 0, 1]]))
+        (tensor(False), tensor(True))
+    """
+    real = attention_mask != 0
+    before = real.cumsum(-1)  # real tokens up to each column
+    return (~real & (before > 0) & (before < before[:, -1:])).any()
 
 
 def cache_positions(
