@@ -8,7 +8,17 @@
 import importlib
 from typing import Any
 
-from .engine import AdapterStatus, Status, apply, patched, registry, revert, status, unpatched
+from .engine import (
+    AdapterStatus,
+    Status,
+    apply,
+    check_classes_with,
+    patched,
+    registry,
+    revert,
+    status,
+    unpatched,
+)
 
 __version__ = "0.1.0"
 
@@ -26,6 +36,15 @@ __all__ = [
     "verify",
     "workers",
 ]
+
+
+def _check_on_a_tiny_copy(cls: type) -> tuple[bool, str]:
+    from .verification.classes import check  # imports torch: only when such a class exists
+
+    return check(cls)
+
+
+check_classes_with(_check_on_a_tiny_copy)
 
 
 def __getattr__(name: str) -> Any:

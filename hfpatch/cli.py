@@ -155,7 +155,7 @@ def architectures() -> str:
     then the model types hfpatch knows and does not patch, with the reason (docs/architectures.md)."""
     from .support import NEWEST_TESTED
 
-    adapters = sorted(engine.registry().values(), key=lambda a: a.arch)
+    adapters = sorted((a for a in engine.registry().values() if not a.recognised), key=lambda a: a.arch)
     registry = [a for a in adapters if not (a.family.seq2seq or a.family.multimodal)]
     multimodal = [a for a in adapters if a.family.multimodal]
     seq2seq = [a for a in adapters if a.family.seq2seq]
@@ -196,7 +196,7 @@ def architectures() -> str:
     lines += [
         f"| `{entry.arch}` | {entry.state} | {entry.reason} |"
         for entry in sorted(engine.status().values(), key=lambda e: (e.state, e.arch))
-        if not entry.target
+        if not entry.target and entry.support != "custom"  # (classes outside transformers: run-time facts)
     ]
     return "\n".join(lines)
 

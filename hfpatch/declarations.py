@@ -94,6 +94,9 @@ class Adapter(NamedTuple):
             patched with the adapter.
         also: other classes of the module whose ``forward`` gets the same patch (the encoder of a
             seq2seq model, whose absolute positions are wrong under left padding on stock).
+        source: the module of a class outside transformers (:mod:`hfpatch.custom`), else None.
+        recognised: for such a class, how it was recognised (then its check on a tiny copy decides,
+            not a release range).
     """
 
     arch: str
@@ -109,9 +112,13 @@ class Adapter(NamedTuple):
     unverified: tuple[tuple[str, str], ...] = ()
     receiver: Optional[str] = None
     also: tuple[str, ...] = ()
+    source: Optional[str] = None
+    recognised: str = ""
 
     @property
     def module(self) -> str:
+        if self.source is not None:
+            return self.source
         package = self.package or self.arch.replace("-", "_")
         return f"transformers.models.{package}.modeling_{package}"
 
@@ -121,7 +128,7 @@ class Adapter(NamedTuple):
 
     @property
     def versions(self) -> str:
-        return f">={self.since},<={NEWEST_TESTED}"
+        return "" if self.recognised else f">={self.since},<={NEWEST_TESTED}"
 
 
 RIGHT_ON_STOCK = "right on stock"

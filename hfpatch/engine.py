@@ -24,15 +24,18 @@ import sys
 import threading
 import types
 import warnings
+import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any, Callable, NamedTuple, Optional, Union
 
+from . import custom
 from ._context import CALL, Pin, close_block, open_block
 from .adapters import ADAPTERS, UNDECLARED
-from .declarations import Adapter, Undeclared
-from .patches import Ledger, Patch
+from .declarations import NOT_COVERED, Adapter, Undeclared
+from .patches import ABSENT, Ledger, Patch
 from .support import (
+    CUSTOM,
     NEWEST_TESTED,
     UNTESTED_NEWER,
     UNVERIFIED,
@@ -69,9 +72,10 @@ class _State:
 
     __slots__ = (
         "adapter", "pin", "holders", "hooked", "forced", "rows", "installed", "skip_reason", "class_differs",
+        "owner", "checked", "check_reason",
     )  # fmt: skip
 
-    def __init__(self, adapter: Adapter) -> None:
+    def __init__(self, adapter: Adapter, owner: Optional[type] = None) -> None:
         self.adapter = adapter
         self.pin = Pin(adapter.arch)  # pinned: apply() asked for it (until revert()); its forward reads it
         self.holders: set[object] = set()  # tokens of the patched() blocks still open, in any thread
@@ -81,6 +85,9 @@ class _State:
         self.installed = False
         self.skip_reason: Optional[str] = None
         self.class_differs = False  # its module's class is not the one it patches (its build failed)
+        self.owner = owner  # a class outside transformers (hfpatch.custom), else None
+        self.checked: Optional[bool] = None  # its check on a tiny copy: None (not yet, or running)
+        self.check_reason = ""
 
     @property
     def wanted(self) -> bool:
@@ -92,6 +99,9 @@ _registry: dict[str, Adapter] = {}
 _undeclared: dict[str, Undeclared] = {}
 _aliases: dict[str, str] = {}  # model type -> the adapter that patches its class
 _states: dict[str, _State] = {}
+_left_alone: dict[str, str] = {}  # classes outside transformers that look like decoders, not patched: why
+_seen: weakref.WeakSet[type] = weakref.WeakSet()  # subclasses of PreTrainedModel looked at
+_checking: set[str] = set()  # custom model types whose check on a tiny copy is running
 _ledger = Ledger()
 _warned: set[str] = set()  # warnings already given in this process
 _applied_by: list[str] = []  # how apply() was called in this process, when not by the program itself
@@ -209,7 +219,7 @@ def patchable(arch: str) -> bool:
     with _lock:
         state = _states[adapter.arch]
         allowed = state.forced or support(adapter, installed_transformers()).patchable
-        return allowed and not state.class_differs
+        return allowed and not state.class_differs and (state.checked is not False or state.forced)
 
 
 def apply(archs: Archs = None, *, ignore_ranges: bool = False) -> Status:
@@ -224,6 +234,9 @@ def apply(archs: Archs = None, *, ignore_ranges: bool = False) -> Status:
     >>> hfpatch.apply(["qwen2"])       # doctest: +SKIP
     """
     with _lock:
+        if archs is None:
+            _discover()
+            _watch_new_classes()
         installed = _want(select(archs), holder=None, force=ignore_ranges)
         _rebind_hooked(installed)
         return status()
@@ -241,7 +254,11 @@ def _want(names: list[str], holder: Optional[object], force: bool = False) -> li
             state.forced = True
         if not (verdict.patchable or state.forced):
             state.skip_reason = verdict.reason
-            refused.append(verdict.reason)
+            refused.append((name, verdict.reason))
+            continue
+        if state.owner is not None and not state.forced and not _checked(state):
+            state.skip_reason = state.check_reason
+            refused.append((name, state.check_reason))
             continue
         if verdict.level == UNTESTED_NEWER:
             untested.append(name)
@@ -250,7 +267,11 @@ def _want(names: list[str], holder: Optional[object], force: bool = False) -> li
         else:
             state.holders.add(holder)
         state.skip_reason = None
-        module = sys.modules.get(state.adapter.module)
+        module = (
+            custom.namespace(state.owner)
+            if state.owner is not None
+            else sys.modules.get(state.adapter.module)
+        )
         if module is not None:
             installed += _install(state, module)
         elif not state.hooked:
@@ -258,8 +279,9 @@ def _want(names: list[str], holder: Optional[object], force: bool = False) -> li
 
             wrapt.register_post_import_hook(_hook(name), state.adapter.module)
             state.hooked = True
-    if refused and len(refused) == len(names):
-        reasons = "; ".join(dict.fromkeys(refused))
+    declared = {name for name in names if _states[name].owner is None}  # (a custom class: status says)
+    if declared and declared <= {name for name, _ in refused}:
+        reasons = "; ".join(dict.fromkeys(why for name, why in refused if name in declared))
         _warn_once("nothing", f"hfpatch patches nothing for transformers {version}: {reasons}")
     if untested:
         _warn_once(
@@ -280,6 +302,9 @@ def revert(archs: Archs = None) -> Status:
     """Restore the exact original class attributes of every adapter (or the named ones), whoever applied
     them; a replacement someone else made after hfpatch's stays."""
     with _lock:
+        if archs is None:
+            _WATCH.pinned = False
+            _ledger.revert(_WATCH, _ledger.installed_by(_WATCH))
         for name in select(archs):
             state = _states[name]
             state.pin.pinned = state.forced = False
@@ -299,6 +324,8 @@ def patched(archs: Archs = None) -> Iterator[Status]:
     """
     token = object()
     with _lock:
+        if archs is None:
+            _discover()
         names = select(archs)
         first = [name for name in names if not _states[name].rows]
         installed = _want(names, holder=token)
@@ -351,6 +378,9 @@ def status() -> Status:
                     alias_entry = alias_entry._replace(reason=reason, support=UNVERIFIED)
                 entries.append(alias_entry)
         entries += [AdapterStatus(u.arch, "", "", u.verdict, u.reason, "") for u in _undeclared.values()]
+        entries += [
+            AdapterStatus(arch, "", "", NOT_COVERED, why, CUSTOM) for arch, why in _left_alone.items()
+        ]
         pinned = any(state.pin.pinned for state in _states.values())
         how = "; ".join(_applied_by) or ("hfpatch.apply() in this program" if pinned else "")
         return Status(str(version) if version else None, tuple(entries), how)
@@ -367,6 +397,8 @@ def _adapter_status(state: _State, version: Any) -> AdapterStatus:
     verdict = support(adapter, version)
     if state.forced and not verdict.patchable:
         verdict = Support(verdict.level, f"patched with apply(..., ignore_ranges=True); {verdict.reason}")
+    if state.check_reason:
+        verdict = Support(verdict.level, f"{verdict.reason}; {state.check_reason}")
     here = (CALL.overrides or {}).get(adapter.arch)  # this thread's patched()/unpatched() choice, if any
     if state.installed and (state.pin.pinned if here is None else here):
         entry = (APPLIED, verdict.reason)
@@ -448,6 +480,130 @@ def _install(state: _State, module: Any) -> list[Patch]:
     state.installed = True
     state.skip_reason = None
     return _ledger.install(state.pin, state.rows)
+
+
+# --- classes outside transformers (hfpatch.custom) ----------------------------------------------------
+
+_WATCH = Pin("classes defined after apply()")  # holds the PreTrainedModel.__init_subclass__ row
+
+
+def discover() -> None:
+    """Look at the subclasses of ``PreTrainedModel`` defined outside transformers since the last look
+    (``apply()``, ``patched()`` and ``verify()`` call it): a recognised one gets an adapter of its own,
+    checked on a tiny copy when something first wants it."""
+    with _lock:
+        _discover()
+
+
+def custom_adapter(cls: type) -> Optional[Adapter]:
+    """The adapter hfpatch made for ``cls``, a class outside transformers, or None."""
+    with _lock:
+        return next((state.adapter for state in _states.values() if state.owner is cls), None)
+
+
+def _discover() -> None:
+    base = _pretrained_model()
+    if base is None:
+        return
+    stack = list(type.__subclasses__(base))
+    while stack:
+        cls = stack.pop()
+        stack.extend(type.__subclasses__(cls))
+        if cls not in _seen:
+            _seen.add(cls)
+            _notice(cls)
+
+
+def _pretrained_model() -> Optional[type]:
+    module = sys.modules.get("transformers.modeling_utils")
+    return getattr(module, "PreTrainedModel", None)
+
+
+def _notice(cls: type) -> Optional[str]:
+    """Register ``cls`` if it is recognised (its model type), or record why it is left alone."""
+    taken = {*_registry, *_aliases, *_undeclared, *_left_alone}
+    found = custom.recognise(cls, taken)
+    if found is None:
+        return None
+    if found.adapter is None:
+        _left_alone[found.arch] = found.reason
+        return None
+    _registry[found.arch] = found.adapter
+    _states[found.arch] = _State(found.adapter, owner=cls)
+    return found.arch
+
+
+def _checked(state: _State) -> bool:
+    """Whether a custom class passes its check on a tiny copy (run once, here; while it runs, its own
+    ``verify`` installs the rows for its thread's blocks)."""
+    name = state.adapter.arch
+    if state.checked is None and name not in _checking and _class_check:
+        _checking.add(name)
+        try:
+            state.checked, state.check_reason = _class_check[0](state.owner)
+        except NameError as exc:  # its module is still being imported: checked at the next look
+            state.check_reason = f"not checked yet (its module is being imported: {exc})"
+            return False
+        finally:
+            _checking.discard(name)
+    return state.checked is True or name in _checking
+
+
+_class_check: list[Callable[[type], tuple[bool, str]]] = []  # hfpatch.verification.classes.check
+
+
+def check_classes_with(check: Callable[[type], tuple[bool, str]]) -> None:
+    """The check a recognised class outside transformers must pass before it is patched: (patch it?,
+    why). The package sets it (``hfpatch/__init__.py``); until then no such class is patched."""
+    _class_check[:] = [check]
+
+
+def _watch_new_classes() -> None:
+    """While ``apply()`` holds, a subclass of ``PreTrainedModel`` defined later (a remote-code module
+    imported, a class in the user's program) is looked at when it is created: a recognised one is
+    checked and patched there. Installed now if transformers is imported, else when it is."""
+    _WATCH.pinned = True
+    if _pretrained_model() is not None:
+        _install_watch()
+    elif not _watch_hooked:
+        import wrapt
+
+        wrapt.register_post_import_hook(_install_watch, "transformers.modeling_utils")
+        _watch_hooked.append(True)
+
+
+_watch_hooked: list[bool] = []  # the post-import hook is registered (wrapt keeps it for good)
+
+
+def _install_watch(*_: Any) -> None:
+    with _lock:
+        base = _pretrained_model()
+        if base is not None and _WATCH.pinned and not _ledger.installed_by(_WATCH):
+            original = base.__dict__.get("__init_subclass__", ABSENT)
+            _ledger.install(
+                _WATCH, (Patch(base, "__init_subclass__", original, _subclass_hook(base, original)),)
+            )
+
+
+def _subclass_hook(base: type, original: Any) -> classmethod:
+    def __init_subclass__(cls: type, **kwargs: Any) -> None:
+        if original is ABSENT:
+            super(base, cls).__init_subclass__(**kwargs)
+        else:
+            original.__get__(None, cls)(**kwargs)
+        if cls.__module__.startswith("transformers."):
+            return  # transformers' own classes: declared, or known and not patched
+        try:
+            with _lock:
+                if _WATCH.pinned and cls not in _seen:
+                    _seen.add(cls)
+                    name = _notice(cls)
+                    if name is not None:
+                        _rebind_hooked(_want([name], holder=None))
+        except Exception:  # noqa: BLE001 - never break the definition of a class
+            pass
+
+    return classmethod(__init_subclass__)
 
 
 def _uninstall(state: _State) -> None:

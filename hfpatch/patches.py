@@ -98,6 +98,10 @@ class Ledger:
                 undone.append(kept)
         return undone
 
+    def installed_by(self, pin: Pin) -> tuple[Patch, ...]:
+        """The installed rows ``pin``'s adapter uses."""
+        return tuple(row for row, users in self._rows.values() if pin in users)
+
     def installed(self) -> list[Patch]:
         """Every row installed now, in the order installed."""
         return [row for row, _ in self._rows.values()]

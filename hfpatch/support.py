@@ -18,6 +18,7 @@ from typing import Any, NamedTuple, Optional
 from packaging.version import InvalidVersion, Version
 
 __all__ = [
+    "CUSTOM",
     "KNOWN_BAD",
     "NEWEST_TESTED",
     "OUTSIDE",
@@ -37,6 +38,7 @@ TESTED = "tested"
 UNTESTED_NEWER = "untested newer"
 KNOWN_BAD = "known-bad"
 UNVERIFIED = "unverified"
+CUSTOM = "custom"  # a class outside transformers, recognised and checked at run time (hfpatch.custom)
 OUTSIDE = "outside"
 
 
@@ -84,13 +86,15 @@ class Support(NamedTuple):
 
     @property
     def patchable(self) -> bool:
-        return self.level in (TESTED, UNTESTED_NEWER)
+        return self.level in (TESTED, UNTESTED_NEWER, CUSTOM)
 
 
 def support(adapter: Any, version: Optional[Version]) -> Support:
     """Whether ``adapter`` (an :class:`~hfpatch.declarations.Adapter`) may patch this release, and why."""
     if version is None:
         return Support(OUTSIDE, "transformers is not installed (or its version cannot be read)")
+    if adapter.recognised:  # a class outside transformers: its check on a tiny copy decides
+        return Support(CUSTOM, adapter.recognised)
     for spec, why in adapter.known_bad:
         if in_range(spec, version):
             return Support(

@@ -158,7 +158,9 @@ def test_release_outside_every_gate_patches_nothing_and_warns_once(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         hfpatch.apply()  # warns once only
-    for name in hfpatch.registry():
+    for name, adapter in hfpatch.registry().items():
+        if adapter.recognised:  # a class outside transformers (an earlier test's): its check decides
+            continue
         entry = status[name]
         assert entry.state == "skipped" and "4.10.0 is outside" in entry.reason
         assert entry.support == "outside"

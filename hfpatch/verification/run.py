@@ -71,6 +71,7 @@ def verify(model: Union[str, os.PathLike, Any], static: bool = True) -> Verifica
     """
     built = isinstance(model, str) and not os.path.isdir(model)  # a model type: built tiny here
     model = load(model)
+    engine.discover()  # a class outside transformers defined (or loaded) since apply(): its own adapter
     model_type = getattr(model.config, "model_type", "?")
     seq2seq = is_seq2seq(model)
     inputs = _seq2seq_inputs(model, model_type) if seq2seq else DECODER_ONLY
@@ -128,7 +129,9 @@ def _adapter_of_class(model: Any) -> Optional[Adapter]:
     """The adapter of the outermost module of ``model`` whose class is a declared target."""
     targets = {(a.module, a.cls): a for a in engine.registry().values()}
     for module in model.modules():
-        adapter = targets.get((type(module).__module__, type(module).__name__))
+        adapter = engine.custom_adapter(type(module)) or targets.get(
+            (type(module).__module__, type(module).__name__)
+        )
         if adapter is not None:
             return adapter
     return None

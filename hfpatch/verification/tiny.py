@@ -18,6 +18,7 @@ __all__ = [
     "SEQ2SEQ_OVERRIDES",
     "SEQ2SEQ_SIZES",
     "SIZES",
+    "WIDE",
     "MULTIMODAL_OVERRIDES",
     "seq2seq_auto_class",
     "tiny_config",
@@ -55,7 +56,7 @@ _SUB_CONFIGS = ("text_config", "vision_config", "audio_config")
 _PAD_ID = {"pad_token_id": PAD}
 _GEMMA4 = {"global_head_dim": 32, "vocab_size_per_layer_input": VOCAB, "hidden_size_per_layer_input": 16}
 # for a model whose windows hfpatch leaves to transformers: windows longer than every scenario
-_WIDE = {"sliding_window": 64, "attention_chunk_size": 64}
+WIDE = {"sliding_window": 64, "attention_chunk_size": 64}
 
 # per model type (an adapter's own; its aliases that wrap its text model get them in their text config)
 # fmt: off
@@ -154,7 +155,7 @@ def tiny_model(
     if adapter is not None and configured_window(model) and not positional(model, adapter.cls):
         # windows this release decides by cache column (a declared limit, see ``hfpatch.verify``'s note):
         # a window longer than every scenario, so that the probe measures what positions fix
-        model = build({**(sizes or {}), **_WIDE})
+        model = build({**(sizes or {}), **WIDE})
     return model
 
 
@@ -175,7 +176,7 @@ MULTIMODAL_OVERRIDES: dict[str, dict[str, Any]] = {
     "glmga": {"text_config": _MROPE, "vision_config": _VISION},
     "paddleocr_vl": {"text_config": _MROPE, "vision_config": _VISION},
     "hunyuan_vl": {"text_config": {**_MROPE, "head_dim": 16}, "vision_config": _VISION},
-    "exaone4_5": {"text_config": {**_PAD_ID, **_WIDE}},  # windows stay transformers' (a declared limit)
+    "exaone4_5": {"text_config": {**_PAD_ID, **WIDE}},  # windows stay transformers' (a declared limit)
     "chameleon": {"vocabulary_map": {"<image>": 96, "IMGIMG0": 95}, "image_token_id": 96},
     "granite_docling": {"vision_config": _VISION},
     "lfm2_vl": {"text_config": {"layer_types": ["conv", "full_attention"], "full_attn_idxs": [1]}},

@@ -1,0 +1,212 @@
+"""Models that follow transformers' conventions without being its classes (hfpatch/custom.py): renamed
+copies of the installed GPT-2, Llama and Qwen2 files, registered through the Auto classes or loaded
+from a checkpoint directory with ``trust_remote_code=True``, and a causal LM written from scratch. Each
+is exact with hfpatch for left padding, a right-padded cached prefix + 1 token and holes, against each
+row run alone on stock transformers (the tests' own harness, not ``verify``), with ``apply()`` called
+before the classes exist (they are patched when defined) or after the model is built; ``status()``
+lists them and ``verify(model).ok``. A model whose positions mean something else is left alone."""
+
+from __future__ import annotations
+
+import json
+
+import custom_models
+import pytest
+import torch
+
+import hfpatch
+from hfpatch.engine import custom_adapter
+
+from conftest import TF, stock
+from harness import TOLERANCE, WRONG, max_diff, random_rows, run_padded
+
+CASES = {  # chunks, left: rows of 5 and 3 tokens
+    "left padding, one call": (((5, 3),), ((True, True),)),
+    "right-padded prefix + 1 token": (((4, 2), (1, 1)), ((False, False), (False, False))),
+    "holes: right-padded prefix + 2 tokens, left-padded": (((3, 1), (2, 2)), ((False, False), (True, True))),
+}
+ROWS = random_rows([5, 3], seed=31)
+KINDS = ["gpt2", "llama", "qwen2", "from scratch"]
+QUICK = {"llama", "from scratch"}
+PARAMS = [pytest.param(kind, marks=() if kind in QUICK else pytest.mark.slow) for kind in KINDS]
+
+
+def _classes(kind: str, root) -> tuple[type, type, str]:
+    """(the config class, the causal-LM class, the model type) of a copy imported from ``root``."""
+    import importlib.util
+
+    if kind == "from scratch":
+        _needs_the_cache_api()
+    if kind != "from scratch" and importlib.util.find_spec(f"transformers.models.{kind}") is None:
+        pytest.skip(f"transformers {TF} has no {kind} to copy")
+    if kind == "from scratch":
+        module, model_type = custom_models.import_scratch(root)
+        return module.ScratchConfig, module.ScratchLM, model_type
+    configuration, modeling, model_type = custom_models.import_copy(kind, root)
+    head = "LMHeadModel" if kind == "gpt2" else "ForCausalLM"
+    return custom_models.classes(configuration, "Config"), custom_models.classes(modeling, head), model_type
+
+
+def _config(config_class: type, kind: str):
+    if kind == "from scratch":
+        return config_class(initializer_range=0.1)
+    return custom_models.tiny(config_class)
+
+
+def _registered(kind: str, root, apply_first: bool):
+    """A model of a renamed copy registered through the Auto classes, built with from_config."""
+    import transformers
+
+    if not apply_first:
+        hfpatch.revert()
+    config_class, causal, model_type = _classes(kind, root)
+    transformers.AutoConfig.register(model_type, config_class)
+    transformers.AutoModelForCausalLM.register(config_class, causal)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(_config(config_class, kind)).float().eval()
+    if not apply_first:
+        hfpatch.apply()
+    return model, model_type
+
+
+def _remote_code(kind: str, root, apply_first: bool):
+    """A model loaded from a checkpoint directory that carries its own code (``auto_map``), with
+    ``trust_remote_code=True``: transformers imports that code as a module of its own."""
+    import transformers
+
+    if not apply_first:
+        hfpatch.revert()
+    config_class, causal, model_type = _classes(kind, root / "source")
+    checkpoint = root / "checkpoint"
+    model = custom_models.built(causal, _config(config_class, kind))
+    module = causal.__module__.rsplit(".", 1)[-1]
+    config_module = config_class.__module__.rsplit(".", 1)[-1]
+    model.config.auto_map = {
+        "AutoConfig": f"{config_module}.{config_class.__name__}",
+        "AutoModelForCausalLM": f"{module}.{causal.__name__}",
+    }
+    model.save_pretrained(checkpoint)
+    for source in {causal.__module__, config_class.__module__}:
+        path = __import__(source, fromlist=["_"]).__file__
+        (checkpoint / path.rsplit("/", 1)[-1]).write_text(open(path).read())
+    json.loads((checkpoint / "config.json").read_text())  # written, with the auto_map
+    try:
+        loaded = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, trust_remote_code=True)
+    except ImportError as exc:  # its check of the file's imports (flash_attn in a try block, 4.40)
+        pytest.skip(f"transformers {TF} cannot load this copy as remote code, hfpatch or not: {exc}")
+    loaded = loaded.float().eval()
+    assert (
+        type(loaded) is not causal and type(loaded).__name__ == causal.__name__
+    )  # the checkpoint's own code
+    if not apply_first:
+        hfpatch.apply()
+    return loaded, model_type
+
+
+@pytest.mark.parametrize("apply_first", [True, False], ids=["apply before", "apply after"])
+@pytest.mark.parametrize("how", ["registered", "remote code"])
+@pytest.mark.parametrize("kind", PARAMS)
+def test_custom_model_rows_equal_themselves_alone(kind, how, apply_first, tmp_path):
+    make = _registered if how == "registered" else _remote_code
+    model, _ = make(kind, tmp_path, apply_first)
+    stock_errors = []
+    for name, (chunks, left) in CASES.items():
+        got = run_padded(model, ROWS, chunks, left)
+        assert max_diff(model, ROWS, got) <= TOLERANCE, name
+        with stock():
+            stock_errors.append(max_diff(model, ROWS, run_padded(model, ROWS, chunks, left)))
+    assert max(stock_errors) > WRONG, "stock transformers is right: nothing was checked"
+    adapters = {custom_adapter(type(module)) for module in model.modules()} - {None}
+    assert adapters, "no class of the model was recognised"
+    assert all(hfpatch.status()[adapter.arch].state == "applied" for adapter in adapters)
+    result = hfpatch.verify(model)
+    assert result.ok and result.patches, str(result)
+
+
+def test_revert_restores_a_custom_class(tmp_path):
+    config_class, causal, model_type = _classes("llama", tmp_path)
+    model = custom_models.built(causal, _config(config_class, "llama"))
+    base = type(model.model)
+    patched = base.__dict__["forward"]
+    assert getattr(patched, "__hfpatch_adapter__", None) == model_type, "not patched when defined"
+    hfpatch.revert()
+    original = base.__dict__["forward"]
+    assert getattr(original, "__hfpatch_adapter__", None) is None
+    hfpatch.apply()
+    assert base.__dict__["forward"] is patched  # the same function again: checked once
+
+
+# Positions from the mask with an offset, the way RoBERTa and XGLM count them (padding_idx + 1 first):
+# right on stock for left padding; positions from 0 would be wrong, so the check must refuse it
+OFFSET_POSITIONS = """
+        if position_ids is None:
+            position_ids = torch.arange(past, past + x.shape[1], device=x.device)[None]
+"""
+OFFSET_FROM_MASK = """
+        if position_ids is None:
+            real = attention_mask if attention_mask is not None else torch.ones(x.shape[0], past + x.shape[1])
+            position_ids = (real.long().cumsum(-1) * real.long())[:, past:] + 1
+"""
+
+
+def _needs_the_cache_api() -> None:
+    import transformers
+
+    if not hasattr(transformers, "DynamicCache"):
+        pytest.skip(f"the from-scratch model uses transformers' DynamicCache (not in {TF})")
+
+
+def test_a_model_whose_positions_mean_something_else_is_left_alone(tmp_path):
+    """A from-scratch model that counts its positions from the mask from 1 (an offset table): stock is
+    right; hfpatch's check on a tiny copy finds positions from 0 wrong, so it is not patched, status()
+    says why, and its results are stock's bit for bit."""
+    _needs_the_cache_api()
+    source = custom_models.FROM_SCRATCH.replace(OFFSET_POSITIONS, OFFSET_FROM_MASK)
+    assert source != custom_models.FROM_SCRATCH
+    module, model_type = custom_models.import_scratch(tmp_path, source)
+    model = custom_models.built(module.ScratchLM, module.ScratchConfig(initializer_range=0.1))
+    entry = hfpatch.status()[model_type]
+    assert entry.state == "skipped" and "not exact with hfpatch" in entry.reason, entry
+    ids, mask = torch.tensor([[0, 0, 5, 6, 7]]), torch.tensor([[0, 0, 1, 1, 1]])
+    with torch.no_grad():
+        got = model(input_ids=ids, attention_mask=mask).logits
+        with stock():
+            expected = model(input_ids=ids, attention_mask=mask).logits
+    assert torch.equal(got, expected)
+    assert not hfpatch.verify(model).patches
+
+
+def test_a_decoder_without_position_ids_is_listed_and_left_alone(tmp_path):
+    _needs_the_cache_api()
+    positions = "position_ids = torch.arange(past, past + x.shape[1], device=x.device)[None]"
+    source = custom_models.FROM_SCRATCH.replace("position_ids=None, ", "").replace(
+        OFFSET_POSITIONS, f"\n        {positions}\n"
+    )
+    assert "position_ids=None" not in source and "position_ids is None" not in source
+    _, model_type = custom_models.import_scratch(tmp_path, source)
+    entry = hfpatch.status()[model_type]
+    assert entry.state == "not covered" and "takes no position_ids" in entry.reason, entry
+
+
+def test_patched_block_reaches_a_class_defined_without_apply(tmp_path):
+    """With hfpatch reverted, a class defined and built is stock; a patched() block looks at it, checks it
+    and patches it for the block only."""
+    hfpatch.revert()
+    config_class, causal, _ = _classes("llama", tmp_path)
+    model = custom_models.built(causal, _config(config_class, "llama"))
+    chunks, left = CASES["right-padded prefix + 1 token"]
+    assert max_diff(model, ROWS, run_padded(model, ROWS, chunks, left)) > WRONG  # stock
+    with hfpatch.patched():
+        assert max_diff(model, ROWS, run_padded(model, ROWS, chunks, left)) <= TOLERANCE
+    assert max_diff(model, ROWS, run_padded(model, ROWS, chunks, left)) > WRONG
+
+
+def test_the_check_leaves_the_programs_random_state_alone(tmp_path):
+    """Defining a recognised class runs its check on a tiny copy (random weights): the program's random
+    numbers after it are the ones it would have drawn."""
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    _, _, model_type = _classes("llama", tmp_path)  # defined with apply() holding: checked here
+    assert torch.equal(torch.rand(3), expected)
+    assert hfpatch.status()[model_type].state == "applied"  # (the check ran)
