@@ -25,6 +25,7 @@ class _Call(threading.local):
     overrides: Optional[dict[str, bool]] = None  # adapter -> patched here?, set by patched()/unpatched()
     eager_mask: bool = False  # see SdpaSwitch
     pending: Any = None  # positions waiting for their position module (hfpatch.decoders.Pending)
+    generated: Any = None  # (the 4-D mask generate() just made, the 2-D mask it made it from)
 
 
 CALL = _Call()

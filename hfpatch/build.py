@@ -24,7 +24,7 @@ from . import caches
 from ._context import CarryContext, Pin, SdpaSwitch, Users
 from .declarations import Adapter
 from .decoders import HANDS_TO, receiver
-from .forward import make_forward
+from .forward import make_forward, recording_generated_masks
 from .patches import ABSENT, Patch
 from .plans import read_plan
 from .rope import per_row_forward, rotary_classes
@@ -72,6 +72,9 @@ def build(adapter: Adapter, module: Any, pin: Pin) -> tuple[Patch, ...]:
     layer = caches.recording_requested_lengths()
     if layer is not None:
         rows.append(Patch(layer[0], "__init__", *layer[1:]))
+    generation = recording_generated_masks()
+    if generation is not None:
+        rows.append(Patch(generation[0], "prepare_inputs_for_generation", *generation[1:]))
     if hands_to is not None and HANDS_TO[hands_to].inside_layers:
         for cls in _checkpointing_classes(module, owner):
             before = cls.__dict__.get(CHECKPOINT_FUNCTION, ABSENT)

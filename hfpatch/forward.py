@@ -45,7 +45,7 @@ from .plans import NO_SLOTS, SLOTS, SLOTS_REMOVED, Plan
 from .positions import cache_positions, has_holes, new_token_positions
 from .windows import WindowPlan, apply_windows, configured_window
 
-__all__ = ["make_forward"]
+__all__ = ["make_forward", "recording_generated_masks"]
 
 Past = Union[int, torch.Tensor]  # cached tokens before this call: an int, or a 0-d tensor (static caches)
 # what a filler derived positions from: (the 2-D mask, new tokens, where they start: an int (the mask's
@@ -192,7 +192,10 @@ def fill_positions(model: Any, plan: Plan, kwargs: dict, cache: Any) -> Derived:
         return None  # not a tensor (a flex-attention BlockMask): the caller's
     shape = mask.shape
     if len(shape) == 4:
-        return None  # a 4-D mask: the caller's
+        mask = _generated_from(mask)
+        if mask is None:
+            return None  # a 4-D mask: the caller's
+        shape = mask.shape
     tokens, rank = (kwargs["input_ids"] if "input_ids" in kwargs else None), plan.ids_rank
     if tokens is None:
         tokens, rank = kwargs.get("inputs_embeds"), 3
@@ -297,6 +300,8 @@ def _mask_to_read(kwargs: dict) -> Optional[torch.Tensor]:
     if kwargs.get("position_ids") is not None:
         return None
     mask = kwargs.get("attention_mask")
+    if isinstance(mask, torch.Tensor) and mask.dim() == 4:
+        mask = _generated_from(mask)
     return mask if isinstance(mask, torch.Tensor) and mask.dim() != 4 else None
 
 
@@ -315,7 +320,49 @@ def _call_inputs(kwargs: dict, rank: int = 2) -> Optional[tuple[torch.Tensor, in
 def _mask_length(kwargs: dict) -> Optional[int]:
     """The number of columns of a 2-D mask, passed for positions or not (it may locate the new tokens)."""
     mask = kwargs.get("attention_mask")
+    if isinstance(mask, torch.Tensor) and mask.dim() == 4:
+        mask = _generated_from(mask)
     return mask.shape[1] if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
+
+
+def _generated_from(mask: torch.Tensor) -> Optional[torch.Tensor]:
+    """The 2-D mask ``generate()`` made the 4-D ``mask`` from (with a static cache, for the call it is
+    about to make), or None for any other 4-D mask (the caller's own)."""
+    generated = CALL.generated
+    return generated[1] if generated is not None and generated[0] is mask else None
+
+
+def recording_generated_masks() -> Optional[tuple[type, Any, Any]]:
+    """While hfpatch is installed, ``generate()``'s input preparation (transformers' own, which models
+    that do not override it use) records, in the calling thread, the 2-D mask it turns into a 4-D one
+    for a static cache: the next call reads its positions from that mask, as it would from the 2-D
+    mask with a dynamic cache. (the class, its method, the replacement), or None before the method."""
+    try:
+        from transformers.generation.utils import GenerationMixin
+    except ImportError:
+        return None
+    prepare = GenerationMixin.__dict__.get("prepare_inputs_for_generation")
+    if prepare is None:
+        return None
+
+    @functools.wraps(prepare)
+    def prepare_inputs_for_generation(self: Any, *args: Any, **kwargs: Any) -> Any:
+        inputs = prepare(self, *args, **kwargs)
+        key = (
+            "decoder_attention_mask"
+            if getattr(self.config, "is_encoder_decoder", False)
+            else "attention_mask"
+        )
+        flat, made = kwargs.get(key), inputs.get(key) if isinstance(inputs, dict) else None
+        if isinstance(flat, Tensor) and flat.dim() == 2 and isinstance(made, Tensor) and made.dim() == 4:
+            if made.shape[-1] > flat.shape[1]:  # as wide as the static cache: one shape every step (compile)
+                flat = torch.nn.functional.pad(flat, (0, made.shape[-1] - flat.shape[1]))
+            CALL.generated = (made, flat)
+        elif CALL.generated is not None:
+            CALL.generated = None
+        return inputs
+
+    return GenerationMixin, prepare, prepare_inputs_for_generation
 
 
 def _inputs(kwargs: dict, rank: int = 2) -> Optional[torch.Tensor]:

@@ -24,7 +24,15 @@ from hfpatch.support import NEWEST_TESTED, in_range, release_has
 from hfpatch.verification.tiny import PAD, VOCAB, tiny_seq2seq
 from hfpatch.windows import positional
 
-from conftest import REGISTRY, SEQ2SEQ_MODEL_TYPES, TF, arch_skip_reason, require_covered, reverted, stock
+from conftest import (
+    REGISTRY,
+    SEQ2SEQ_MODEL_TYPES,
+    TF,
+    arch_skip_reason,
+    require_covered,
+    reverted,
+    stock,
+)
 from expectations import left_padding_wrong_on_stock
 from harness import TOLERANCE, WRONG, cache_kwarg, output_cache, static_cache
 
@@ -370,15 +378,20 @@ def _copy(cache: Any) -> Any:
     return copy.deepcopy(cache)
 
 
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
 @pytest.mark.parametrize("name", ["whisper", "bart", "m2m_100", pytest.param("t5", marks=pytest.mark.slow)])
-def test_generate_with_left_padded_decoder_prompts(name):
+def test_generate_with_left_padded_decoder_prompts(name, cache):
     """Per-row decoder prompts, left-padded, in one generate() call: each row's scores and tokens are its
     own alone. generate() extends decoder_attention_mask and passes no decoder positions, so stock is
     wrong where positions are absolute (BART's and M2M100's tables; Whisper on 5.3-5.15, where generate()
     passed none: fixed upstream in 5.16 by PR #48028, elsewhere it passes its own and hfpatch changes
     nothing) and right with T5's relative bias (a uniform shift cancels). M2M100 counts the non-pad ids
-    of a call plus the past length: right in one call, wrong from the first generated token."""
+    of a call plus the past length: right in one call, wrong from the first generated token. With
+    ``cache_implementation="static"``, generate() hands the decoder a 4-D mask made from the 2-D one;
+    hfpatch reads the positions from the 2-D mask all the same."""
     model = _model(name, "eager")
+    if cache == "static" and _static_skip_reason(model):
+        pytest.skip(_static_skip_reason(model))
     prepare = inspect.getsource(type(model).prepare_inputs_for_generation)
     if "decoder_attention_mask" not in prepare:  # a call without a mask is stock's (M2M100 before 4.46 ...)
         pytest.skip(f"generate() in transformers {TF} does not hand {name} its decoder_attention_mask")
@@ -390,6 +403,8 @@ def test_generate_with_left_padded_decoder_prompts(name):
     ids = torch.tensor([a, [PAD] * 3 + b])
     mask = torch.tensor([[1] * 5, [0, 0, 0, 1, 1]])
     settings = dict(max_new_tokens=4, do_sample=False, output_scores=True, return_dict_in_generate=True)
+    if cache == "static":
+        settings["cache_implementation"] = "static"
 
     def worst() -> float:
         with torch.no_grad():
@@ -447,3 +462,94 @@ def test_revert_restores_every_class_patched_with_a_seq2seq_adapter():
     assert all(patched[key] is not originals[key] for key in classes)
     hfpatch.revert("bart")
     assert all(getattr(module, cls).__dict__[name] is originals[cls, name] for cls, name in classes)
+
+
+STANDALONE = [
+    "bart",
+    pytest.param("marian", marks=pytest.mark.slow),
+    pytest.param("pegasus", marks=pytest.mark.slow),
+]
+
+
+def _standalone(name: str) -> Any:
+    """The decoder run as a causal LM (``BartForCausalLM`` ...), as transformers' own
+    ``BartStandaloneDecoderModelTest`` builds it."""
+    import transformers
+
+    from hfpatch.verification.tiny import SEQ2SEQ_SIZES, SIZES, tiny_config
+
+    if arch_skip_reason(name):
+        pytest.skip(arch_skip_reason(name))
+    config = tiny_config(name, {**SIZES, **SEQ2SEQ_SIZES})
+    config.is_decoder, config.is_encoder_decoder = True, False
+    config.max_position_embeddings = 64
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(config).float().eval()
+
+
+def _random_mask_generate(model: Any, forward: Any = None, **options: Any) -> Any:
+    """generate() on prompts with a random 0/1 mask (legal inputs: transformers' testers use them)."""
+    generator = torch.Generator().manual_seed(3)
+    ids = torch.randint(3, VOCAB, (3, 7), generator=generator)
+    mask = torch.randint(0, 2, (3, 7), generator=generator)
+    mask[:, -1] = 1
+    settings = dict(max_new_tokens=5, do_sample=False, output_scores=True, return_dict_in_generate=True)
+    with torch.no_grad():
+        return model.generate(input_ids=ids, attention_mask=mask, pad_token_id=PAD, **settings, **options)
+
+
+def _stock_static_generate(model: Any) -> Any:
+    """Stock's generate() with a static cache, or a skip saying why it cannot run here."""
+    try:
+        with stock():
+            return _random_mask_generate(model, cache_implementation="static")
+    except Exception as exc:  # noqa: BLE001 - what stock transformers says is the fact to report
+        pytest.skip(
+            f"{type(model).__name__}.generate() with a static cache fails on stock {TF}: {str(exc)[:150]}"
+        )
+
+
+def _same_generation(a: Any, b: Any) -> float:
+    assert torch.equal(a.sequences, b.sequences)
+    return max((x - y).abs().max().item() for x, y in zip(a.scores, b.scores))
+
+
+@pytest.mark.parametrize("name", STANDALONE)
+def test_standalone_decoder_generates_the_same_with_a_static_cache(name):
+    """transformers' ``test_generate_with_static_cache`` of the standalone decoders (BART, Marian,
+    Pegasus as causal LMs): a static cache hands the decoder a 4-D mask made from the 2-D one, and its
+    positions are read from that 2-D mask as with the dynamic cache, so the two generate the same; and
+    differently from stock, whose positions ignore the mask's holes either way."""
+    model = _standalone(name)
+    on_stock = _stock_static_generate(model)
+    dynamic = _random_mask_generate(model)
+    static = _random_mask_generate(model, cache_implementation="static")
+    assert _same_generation(dynamic, static) <= TOLERANCE
+    assert max((x - y).abs().max().item() for x, y in zip(on_stock.scores, static.scores)) > WRONG
+
+
+@pytest.mark.slow
+@pytest.mark.compile
+def test_standalone_decoder_compiled_with_a_static_cache_generates_the_same():
+    """transformers' ``test_generate_compile_model_forward_fullgraph``: the forward compiled with
+    ``fullgraph=True`` generates with a static cache what the eager forward does with a dynamic one, in
+    as many graphs as stock compiles."""
+    from torch._dynamo.utils import counters
+
+    model = _standalone("bart")
+    _stock_static_generate(model)
+    eager = _random_mask_generate(model)
+    graphs = {}
+    for side in ("stock", "hfpatch"):
+        torch._dynamo.reset()
+        counters.clear()
+        model.forward = torch.compile(type(model).forward.__get__(model), fullgraph=True, backend="eager")
+        try:
+            with reverted() if side == "stock" else contextlib.nullcontext():  # compiled code: the class's
+                result = _random_mask_generate(model, cache_implementation="static")
+        finally:
+            del model.forward
+            torch._dynamo.reset()
+        graphs[side] = counters["stats"]["unique_graphs"]
+    assert _same_generation(eager, result) <= TOLERANCE
+    assert graphs["hfpatch"] <= graphs["stock"], graphs
