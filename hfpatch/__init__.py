@@ -25,12 +25,15 @@ __version__ = "0.1.0"
 __all__ = [
     "AdapterStatus",
     "Status",
+    "ShadowMismatch",
     "__version__",
     "apply",
+    "audit",
     "patched",
     "positions",
     "registry",
     "revert",
+    "shadow",
     "status",
     "unpatched",
     "verify",
@@ -53,4 +56,7 @@ def __getattr__(name: str) -> Any:
         return importlib.import_module(f"hfpatch.{name}")
     if name == "verify":
         return importlib.import_module("hfpatch.verification").verify
+    if name in ("audit", "shadow", "ShadowMismatch"):
+        module = importlib.import_module(f"hfpatch.{'auditing' if name == 'audit' else 'shadowing'}")
+        return getattr(module, name)
     raise AttributeError(f"module 'hfpatch' has no attribute {name!r}")

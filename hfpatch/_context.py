@@ -6,6 +6,10 @@ that runs inside a call reads it from here.
   a patched forward sets ``pending`` (:mod:`hfpatch.decoders`) and ``eager_mask``
   (:class:`SdpaSwitch`) for the duration of its original call.
 - :class:`Pin`: per adapter, whether ``apply()`` holds it process-wide (read by its patched forward).
+- :data:`WATCHERS`: process-wide observers of patched classes' calls (``hfpatch.audit``,
+  ``hfpatch.shadow``): while one is registered no pin is fast, and the outermost call of a patched
+  forward in a thread runs through them (``CALL.watching`` is set inside, so nested calls are not
+  watched again).
 - :class:`CarryContext`: activation checkpointing recomputes a layer in the backward pass, after the
   call that set the context has returned; the checkpoint function of a patched module carries the
   context of the forward call into that recomputation, so that the layer reads the same.
@@ -16,7 +20,20 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Optional
 
-__all__ = ["CALL", "CarryContext", "Pin", "SdpaSwitch", "Users", "close_block", "open_block", "patched_here"]
+__all__ = [
+    "CALL",
+    "SHADOW_COUNTS",
+    "WATCHERS",
+    "CarryContext",
+    "Pin",
+    "SdpaSwitch",
+    "Users",
+    "close_block",
+    "open_block",
+    "patched_here",
+    "unwatch",
+    "watch",
+]
 
 
 class _Call(threading.local):
@@ -26,6 +43,7 @@ class _Call(threading.local):
     eager_mask: bool = False  # see SdpaSwitch
     pending: Any = None  # positions waiting for their position module (hfpatch.decoders.Pending)
     generated: Any = None  # (the 4-D mask generate() just made, the 2-D mask it made it from)
+    watching: bool = False  # inside a watched call, or a watcher's own work: not watched again
 
 
 CALL = _Call()
@@ -77,6 +95,33 @@ def close_block(previous: Optional[dict[str, bool]]) -> None:
     """Leave the block :func:`open_block` entered: the thread's previous choices are back."""
     CALL.overrides = previous
     with _BLOCKS_LOCK:
+        _blocks[0] -= 1
+        if not _blocks[0]:
+            for pin in _PINS:
+                pin.fast = pin._pinned
+
+
+# the observers of every patched forward's calls, outermost first: each is called as
+# ``watcher(seen, call)`` and returns ``call()`` (see hfpatch.forward.Seen); a tuple, replaced whole
+WATCHERS: list[tuple[Callable, ...]] = [()]
+SHADOW_COUNTS = {"checked": 0, "mismatches": 0, "worst": 0.0}  # this process's hfpatch.shadow checks
+
+
+def watch(watcher: Callable) -> None:
+    """Register a process-wide observer of patched forwards' calls (no pin is fast while it is)."""
+    with _BLOCKS_LOCK:
+        WATCHERS[0] = (*WATCHERS[0], watcher)
+        _blocks[0] += 1
+        for pin in _PINS:
+            pin.fast = False
+
+
+def unwatch(watcher: Callable) -> None:
+    """Remove an observer :func:`watch` registered."""
+    with _BLOCKS_LOCK:
+        if watcher not in WATCHERS[0]:
+            return
+        WATCHERS[0] = tuple(w for w in WATCHERS[0] if w is not watcher)
         _blocks[0] -= 1
         if not _blocks[0]:
             for pin in _PINS:

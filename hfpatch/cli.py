@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any, Optional
 
 from . import __version__, engine
-from .launcher import run
+from .launcher import audit, run
 
 __all__ = ["main"]
 
@@ -23,6 +23,8 @@ examples:
   hfpatch verify qwen2 ./my-checkpoint     the same check on model types or checkpoint directories
   hfpatch run -- torchrun train.py         hfpatch in every Python process of a command
   HFPATCH_ARCHS=qwen2,llama hfpatch run -- python serve.py
+  hfpatch audit --json audit.json -- python eval.py   stock results; what stock got wrong, counted
+  HFPATCH_SHADOW=0.01 hfpatch run -- python eval.py   patched; 1 % of calls checked against rows alone
 
 exit status:
   0    every model checked is exact with hfpatch (or right on stock)
@@ -30,7 +32,8 @@ exit status:
        table says why)
   2    cannot run: bad arguments, no such checkpoint or model type, neither a causal LM, an
        image-text-to-text nor an encoder-decoder model (or its tiny model cannot be built or run)
-  126  run: the command cannot be executed; 127: it was not found (else: the command's own status)
+  126  run, audit: the command cannot be executed; 127: it was not found (else: the command's own
+       status)
 """
 
 
@@ -55,11 +58,16 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "hfpatch") -> int:
     commands.add_parser("architectures", help="print the table of model types (Markdown)")
     launcher = commands.add_parser("run", help="run a command with hfpatch in every Python process")
     launcher.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS")
+    auditor = commands.add_parser("audit", help="run a command stock and count what stock got wrong")
+    auditor.add_argument("--json", metavar="PATH", help="also write the counts there (model type -> counts)")
+    auditor.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS")
     args = parser.parse_args(argv)
     if args.command == "doctor" or args.command is None:
         _quiet_transformers()
     if args.command == "run":
         return run(args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd, prog)
+    if args.command == "audit":
+        return audit(args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd, args.json, prog)
     if args.command == "architectures":
         print(architectures())
         return OK

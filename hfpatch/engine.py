@@ -30,7 +30,7 @@ from types import MappingProxyType
 from typing import Any, Callable, NamedTuple, Optional, Union
 
 from . import custom
-from ._context import CALL, Pin, close_block, open_block
+from ._context import CALL, SHADOW_COUNTS, Pin, close_block, open_block
 from .adapters import ADAPTERS, UNDECLARED
 from .declarations import NOT_COVERED, Adapter, Undeclared
 from .patches import ABSENT, Ledger, Patch
@@ -48,10 +48,13 @@ from .support import (
 __all__ = [
     "AdapterStatus",
     "Status",
+    "Held",
     "adapter_for",
     "apply",
     "patchable",
     "patched",
+    "release",
+    "hold",
     "registry",
     "revert",
     "select",
@@ -127,12 +130,18 @@ class Status(Mapping):
     :class:`AdapterStatus` (``status()["qwen2"].state``, ``"mamba" in status()``), plus the installed
     ``transformers`` release and how hfpatch was applied (``applied_by``). ``print()`` it for a table."""
 
-    __slots__ = ("transformers", "applied_by", "_entries")  # not a dataclass: ~1 ms at import
+    __slots__ = ("transformers", "applied_by", "shadow", "_entries")  # not a dataclass: ~1 ms at import
 
     def __init__(
-        self, transformers: Optional[str], entries: tuple[AdapterStatus, ...], applied_by: str = ""
+        self,
+        transformers: Optional[str],
+        entries: tuple[AdapterStatus, ...],
+        applied_by: str = "",
+        shadow: Optional[Mapping[str, Any]] = None,
     ) -> None:
         self.transformers = transformers
+        # this process's hfpatch.shadow checks: rows ``checked``, ``mismatches``, the ``worst`` |difference|
+        self.shadow = MappingProxyType(dict(shadow or {"checked": 0, "mismatches": 0, "worst": 0.0}))
         # "import hfpatch.auto", the launcher, the Ray setup hook, "hfpatch.apply() in this program", or
         # "" where nothing applied hfpatch
         self.applied_by = applied_by
@@ -173,6 +182,10 @@ class Status(Mapping):
         if self.applied_by:
             lines.append(f"applied by {self.applied_by}")
         lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[4] for row in rows]
+        if self.shadow["checked"]:
+            lines.append(
+                f"shadow checks: {self.shadow['checked']} rows, {self.shadow['mismatches']} mismatches"
+            )
         lines.append("Patch before torch.compile, or call torch._dynamo.reset() after apply()/revert().")
         return "\n".join(line.rstrip() for line in lines)
 
@@ -322,26 +335,49 @@ def patched(archs: Archs = None) -> Iterator[Status]:
     >>> with hfpatch.patched():        # doctest: +SKIP
     ...     logits = model(input_ids, attention_mask=mask).logits
     """
-    token = object()
-    with _lock:
-        if archs is None:
-            _discover()
-        names = select(archs)
-        first = [name for name in names if not _states[name].rows]
-        installed = _want(names, holder=token)
-        # models accelerate hooked before hfpatch was ever installed: found once, at the first install
-        _rebind_hooked([row for row in installed if any(row in _states[name].rows for name in first)])
-    previous = open_block(dict.fromkeys(names, True))
+    token = hold(archs)
+    previous = open_block(dict.fromkeys(token.names, True))
     try:
         yield status()
     finally:
         close_block(previous)
-        with _lock:
-            for name in names:
-                state = _states[name]
-                state.holders.discard(token)
-                if not state.wanted:
-                    _uninstall(state)
+        release(token)
+
+
+class Held:
+    """What :func:`hold` installed for its caller: the adapters' names; compared by identity."""
+
+    __slots__ = ("names",)
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.names = names
+
+
+def hold(archs: Archs = None) -> Held:
+    """Install the patch of every adapter (or the named ones) without patching a call: every call
+    stays what it was (stock, unless ``apply()`` or a ``patched()`` block says otherwise) until
+    :func:`release`. For ``patched()`` blocks and the observers of calls (:mod:`hfpatch.audit`,
+    :mod:`hfpatch.shadow`)."""
+    with _lock:
+        if archs is None:
+            _discover()
+        names = select(archs)
+        token = Held(tuple(names))
+        first = [name for name in names if not _states[name].rows]
+        installed = _want(names, holder=token)
+        # models accelerate hooked before hfpatch was ever installed: found once, at the first install
+        _rebind_hooked([row for row in installed if any(row in _states[name].rows for name in first)])
+    return token
+
+
+def release(token: Held) -> None:
+    """Undo a :func:`hold`: a patch nothing else wants is removed."""
+    with _lock:
+        for name in token.names:
+            state = _states[name]
+            state.holders.discard(token)
+            if not state.wanted:
+                _uninstall(state)
 
 
 @contextlib.contextmanager
@@ -383,7 +419,7 @@ def status() -> Status:
         ]
         pinned = any(state.pin.pinned for state in _states.values())
         how = "; ".join(_applied_by) or ("hfpatch.apply() in this program" if pinned else "")
-        return Status(str(version) if version else None, tuple(entries), how)
+        return Status(str(version) if version else None, tuple(entries), how, SHADOW_COUNTS)
 
 
 def applied_by(how: str) -> None:

@@ -30,14 +30,14 @@ only: on an accelerator, reading a value waits for the device.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, NamedTuple, Optional, Union
 
 import torch
 from torch import Tensor
 
 from . import caches
 from ._compat import CACHE_NAMES
-from ._context import CALL, Pin, patched_here
+from ._context import CALL, WATCHERS, Pin, patched_here
 from .caches import CAPACITY
 from .declarations import Adapter
 from .decoders import call_with_positions
@@ -45,7 +45,7 @@ from .plans import NO_SLOTS, SLOTS, SLOTS_REMOVED, Plan
 from .positions import cache_positions, has_holes, new_token_positions
 from .windows import WindowPlan, apply_windows, configured_window
 
-__all__ = ["make_forward", "recording_generated_masks"]
+__all__ = ["Seen", "make_forward", "recording_generated_masks", "watched"]
 
 Past = Union[int, torch.Tensor]  # cached tokens before this call: an int, or a 0-d tensor (static caches)
 # what a filler derived positions from: (the 2-D mask, new tokens, where they start: an int (the mask's
@@ -77,8 +77,11 @@ def make_forward(adapter: Adapter, original: Callable, plan: Plan, pin: Pin) -> 
     @functools.wraps(original)  # keeps __wrapped__, so inspect.signature shows the original parameters
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         # every step runs this: attribute reads, membership tests and subscripts first, few calls
-        if not pin.fast and not is_compiling() and not patched_here(pin):
-            return original(self, *args, **kwargs)
+        if not pin.fast and not is_compiling():
+            if WATCHERS[0] and not CALL.watching:  # hfpatch.audit, hfpatch.shadow: this call is theirs first
+                return watched(forward, self, adapter, plan, pin, args, kwargs)
+            if not patched_here(pin):
+                return original(self, *args, **kwargs)
         if args:
             _bind_positional(adapter, plan, args, kwargs)
         cache = None
@@ -108,6 +111,38 @@ def make_forward(adapter: Adapter, original: Callable, plan: Plan, pin: Pin) -> 
 
     forward.__hfpatch_adapter__ = arch  # type: ignore[attr-defined]
     return forward
+
+
+class Seen(NamedTuple):
+    """One call of a patched class's forward, as its watchers read it (:mod:`hfpatch.audit`,
+    :mod:`hfpatch.shadow`): nothing in it may be changed."""
+
+    model: Any
+    adapter: Adapter
+    kwargs: dict  # the call's arguments by name (positional ones bound): a copy of the caller's dict
+    cache: Any  # the cache passed, under either name, or None
+    patched: bool  # whether this call runs hfpatch's patch (apply(), or a patched() block here)
+    ids_rank: int  # the rank of its input_ids (3: audio codes)
+
+
+def watched(
+    forward: Callable, model: Any, adapter: Adapter, plan: Plan, pin: Pin, args: tuple, kwargs: dict
+) -> Any:
+    """Run the outermost call of a patched forward through the registered watchers (eager mode), each
+    of which returns the result of the call it is handed: what it computes is the forward's own."""
+    CALL.watching = True
+    try:
+        named = dict(kwargs)
+        if len(args) <= len(plan.positional) and not set(plan.positional[: len(args)]) & set(named):
+            named.update(zip(plan.positional, args))
+        cache = next((named[name] for name in CACHE_NAMES if named.get(name) is not None), None)
+        seen = Seen(model, adapter, named, cache, patched_here(pin), plan.ids_rank)
+        call = functools.partial(forward, model, *args, **kwargs)
+        for watcher in reversed(WATCHERS[0]):
+            call = functools.partial(watcher, seen, call)
+        return call()
+    finally:
+        CALL.watching = False
 
 
 def given_windows(model: Any, plan: Plan, window: WindowPlan, kwargs: dict, cache: Any) -> None:

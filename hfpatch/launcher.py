@@ -3,6 +3,10 @@ every process it starts (read by :mod:`hfpatch.auto`).
 
     HFPATCH_ARCHS=qwen2,llama   # only these model types (default: every adapter)
     HFPATCH_DISABLED=1          # do nothing (also: true, yes, on)
+    HFPATCH_SHADOW=0.01         # also check that share of calls against their rows alone (hfpatch.shadow)
+
+``hfpatch audit -- CMD`` sets ``HFPATCH_AUDIT`` (a folder): its processes run stock and count what
+stock gets wrong (:mod:`hfpatch.auditing`), each writing its counts there at exit.
 
 A model type hfpatch does not know in ``HFPATCH_ARCHS`` is a ``ValueError`` that names the variable;
 a variable starting with ``HFPATCH_`` that hfpatch does not read gets a warning.
@@ -11,8 +15,11 @@ a variable starting with ``HFPATCH_`` that hfpatch does not read gets a warning.
 from __future__ import annotations
 
 import difflib
+import json
 import os
+import subprocess
 import sys
+import tempfile
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -24,6 +31,7 @@ __all__ = [
     "ARCHS_VARIABLE",
     "DISABLED_VARIABLE",
     "apply_from_environment",
+    "audit",
     "read_environment",
     "run",
     "unknown_variables",
@@ -32,9 +40,11 @@ __all__ = [
 ARCHS_VARIABLE = "HFPATCH_ARCHS"
 DISABLED_VARIABLE = "HFPATCH_DISABLED"
 LAUNCHED_VARIABLE = "HFPATCH_LAUNCHED"  # set by `hfpatch run`, inherited by every child process
+SHADOW_VARIABLE = "HFPATCH_SHADOW"  # hfpatch.shadowing.SHADOW_VARIABLE (read without importing torch)
+AUDIT_VARIABLE = "HFPATCH_AUDIT"  # hfpatch.auditing.AUDIT_VARIABLE
 RAY_HOOK_VARIABLE = "RAY_RUNTIME_ENV_HOOK"  # Ray's: a function that rewrites each ray.init()'s runtime_env
 RAY_RUNTIME_ENV_HOOK = "hfpatch.workers.ray_runtime_env"
-VARIABLES = (ARCHS_VARIABLE, DISABLED_VARIABLE, LAUNCHED_VARIABLE)
+VARIABLES = (ARCHS_VARIABLE, DISABLED_VARIABLE, SHADOW_VARIABLE, LAUNCHED_VARIABLE, AUDIT_VARIABLE)
 TRUE = ("1", "true", "yes", "on")
 CANNOT_RUN, NOT_EXECUTABLE, NOT_FOUND = 2, 126, 127  # exit statuses of `hfpatch run` itself
 
@@ -45,6 +55,9 @@ def read_environment(environ: Mapping[str, str]) -> Optional[list[str]]:
     patch."""
     if environ.get(DISABLED_VARIABLE, "").strip().lower() in TRUE:
         return None
+    shadow = environ.get(SHADOW_VARIABLE, "").strip()
+    if shadow and not _is_rate(shadow):
+        raise ValueError(f"{SHADOW_VARIABLE}={shadow}: expected a share of calls from 0 to 1")
     names = [name.strip() for name in environ.get(ARCHS_VARIABLE, "").split(",") if name.strip()]
     if not names:
         return names
@@ -57,13 +70,20 @@ def read_environment(environ: Mapping[str, str]) -> Optional[list[str]]:
     return names
 
 
+def _is_rate(value: str) -> bool:
+    try:
+        return 0 <= float(value) <= 1
+    except ValueError:
+        return False
+
+
 def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     """A warning for each ``HFPATCH_*`` variable hfpatch does not read (a misspelled one is ignored)."""
     warnings_ = []
     for name in sorted(environ):
         if name.startswith("HFPATCH_") and name not in VARIABLES:
             close = difflib.get_close_matches(name, VARIABLES, n=1)
-            hint = f" (did you mean {close[0]}?)" if close else f" (it reads {', '.join(VARIABLES[:2])})"
+            hint = f" (did you mean {close[0]}?)" if close else f" (it reads {', '.join(VARIABLES[:3])})"
             warnings_.append(f"{name} is not a variable hfpatch reads: ignored{hint}")
     return warnings_
 
@@ -76,6 +96,11 @@ def apply_from_environment(how: Optional[str] = None) -> None:
     names = read_environment(os.environ)
     if names is None:
         return
+    if os.environ.get(AUDIT_VARIABLE, "").strip():  # hfpatch audit: stock results, calls counted
+        from .auditing import start_from_environment
+
+        start_from_environment()
+        return
     if how is None and os.environ.get(LAUNCHED_VARIABLE):
         how = f"the hfpatch run launcher (sitecustomize, process {os.getpid()})"
     elif how is None:
@@ -84,6 +109,10 @@ def apply_from_environment(how: Optional[str] = None) -> None:
         how += f", {ARCHS_VARIABLE}={','.join(names)}"
     engine.apply(names or None)
     engine.applied_by(how)
+    if os.environ.get(SHADOW_VARIABLE, "").strip():
+        from .shadowing import start_from_environment as shadow_from_environment
+
+        shadow_from_environment()
 
 
 def run(command: Sequence[str], prog: str = "hfpatch") -> int:
@@ -92,16 +121,66 @@ def run(command: Sequence[str], prog: str = "hfpatch") -> int:
     ``sitecustomize`` put first on ``PYTHONPATH`` that chains to any existing one. The directory of
     a virtual environment's Python running hfpatch goes first on ``PATH`` (as activating it does), so
     that ``python`` in CMD is one that has hfpatch. Replaces this process (``os.execvpe``)."""
+    env = _environment(command, "run", prog)
+    if isinstance(env, int):
+        return env
+    try:
+        os.execvpe(command[0], list(command), env)
+    except OSError as exc:
+        return _cannot_run(command, exc, "run", prog)
+
+
+def audit(command: Sequence[str], json_path: Optional[str] = None, prog: str = "hfpatch") -> int:
+    """``hfpatch audit [--json PATH] -- CMD ARGS...``: run CMD as ``hfpatch run`` does, but stock in
+    every process (results unchanged), each counting what stock got wrong by positions; then print
+    the counts of all processes, added up, on stderr (and write them to PATH as JSON: model type ->
+    counts). Exits with CMD's status."""
+    env = _environment(command, "audit", prog)
+    if isinstance(env, int):
+        return env
+    if json_path is not None and not os.path.isdir(os.path.dirname(os.path.abspath(json_path))):
+        print(f"{prog} audit: --json {json_path}: its folder does not exist", file=sys.stderr)
+        return CANNOT_RUN
+    from .auditing import merge, table
+
+    with tempfile.TemporaryDirectory(prefix="hfpatch-audit-") as folder:
+        env[AUDIT_VARIABLE] = folder
+        try:
+            child = subprocess.Popen(list(command), env=env)
+        except OSError as exc:
+            return _cannot_run(command, exc, "audit", prog)
+        while True:
+            try:
+                code = child.wait()
+                break
+            except KeyboardInterrupt:  # the child has the signal too: wait for it to finish
+                continue
+        reports = []
+        for path in sorted(Path(folder).glob("*.json")):
+            try:
+                reports.append(json.loads(path.read_text()))
+            except (OSError, ValueError):
+                print(f"{prog} audit: a process's counts could not be read ({path.name})", file=sys.stderr)
+    merged = merge(reports)
+    processes = f"{len(reports)} process{'es' if len(reports) != 1 else ''}"
+    print(f"{table(merged)}\n({processes} counted)", file=sys.stderr)
+    if json_path is not None:
+        Path(json_path).write_text(json.dumps(merged, indent=1, sort_keys=True) + "\n")
+    return code
+
+
+def _environment(command: Sequence[str], verb: str, prog: str) -> dict[str, str] | int:
+    """The environment of a launched command, or the exit status of a mistake (said in one line)."""
     if not command:
-        print(f"{prog} run: expected a command, as in: {prog} run -- python train.py", file=sys.stderr)
+        print(f"{prog} {verb}: expected a command, as in: {prog} {verb} -- python train.py", file=sys.stderr)
         return CANNOT_RUN
     try:
         read_environment(os.environ)  # a bad HFPATCH_* variable: one line here, not in every process
     except ValueError as exc:
-        print(f"{prog} run: {exc}", file=sys.stderr)
+        print(f"{prog} {verb}: {exc}", file=sys.stderr)
         return CANNOT_RUN
     for warning in unknown_variables(os.environ):
-        print(f"{prog} run: {warning}", file=sys.stderr)
+        print(f"{prog} {verb}: {warning}", file=sys.stderr)
     here = Path(__file__).resolve().parent
     paths = [str(here / "bootstrap")]
     if here.parent.name not in ("site-packages", "dist-packages"):  # a source checkout, not installed
@@ -116,12 +195,13 @@ def run(command: Sequence[str], prog: str = "hfpatch") -> int:
     theirs = env.setdefault(RAY_HOOK_VARIABLE, RAY_RUNTIME_ENV_HOOK)
     if theirs != RAY_RUNTIME_ENV_HOOK:
         print(
-            f"{prog} run: {RAY_HOOK_VARIABLE}={theirs} is kept: for Ray workers of a cluster started "
+            f"{prog} {verb}: {RAY_HOOK_VARIABLE}={theirs} is kept: for Ray workers of a cluster started "
             f"elsewhere, pass your runtime_env through {RAY_RUNTIME_ENV_HOOK}()",
             file=sys.stderr,
         )
-    try:
-        os.execvpe(command[0], list(command), env)
-    except OSError as exc:
-        print(f"{prog} run: cannot run {command[0]!r}: {exc.strerror or exc}", file=sys.stderr)
-        return NOT_FOUND if isinstance(exc, FileNotFoundError) else NOT_EXECUTABLE
+    return env
+
+
+def _cannot_run(command: Sequence[str], exc: OSError, verb: str, prog: str) -> int:
+    print(f"{prog} {verb}: cannot run {command[0]!r}: {exc.strerror or exc}", file=sys.stderr)
+    return NOT_FOUND if isinstance(exc, FileNotFoundError) else NOT_EXECUTABLE

@@ -16,6 +16,7 @@ Terms, as in transformers:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Optional, Union
 
 import torch
@@ -26,6 +27,7 @@ __all__ = [
     "new_token_positions",
     "positions_from_mask",
     "static_fill_level",
+    "stock_wrong",
     "window_mask",
 ]
 
@@ -193,3 +195,62 @@ def static_fill_level(keys: torch.Tensor) -> torch.Tensor:
     used = (keys != 0).any(-1).any(1).any(0)  # [slots]: written by some row and head
     slot_numbers = torch.arange(1, used.shape[0] + 1, device=keys.device)
     return (used.long() * slot_numbers).amax() if used.shape[0] else slot_numbers.sum()  # empty: 0
+
+
+def stock_wrong(
+    attention_mask: torch.Tensor,
+    num_new: int,
+    relative: bool,
+    windows: Sequence[Optional[int]] = (),
+) -> torch.Tensor:
+    """Which real tokens of a call get other outputs on stock transformers than from positions by the
+    mask. Stock numbers the tokens by column (``arange(past, past + new)``), as it did in every earlier
+    call of the cache; the reference numbers them as the row run alone, unpadded.
+
+    Args:
+        attention_mask: ``[batch, past + new]``; the call's tokens are its last ``num_new`` columns.
+        relative: rotary positions or a relative bias (only distances matter: a row's leading pads shift
+            every token alike; a pad after its first real token does not); else absolute positions (a
+            pad before a token shifts it).
+        windows: each layer's sliding window, in order (None: full attention). Stock's windows count
+            columns, the reference's real tokens; a token is wrong where the keys it sees differ, their
+            distances differ, or one of them is wrong (errors travel from layer to layer).
+
+    Returns:
+        ``[batch, num_new]`` bool, False at pads. Eager code (it loops over the layers).
+
+    Example:
+        A right-padded prefix ``[a b <pad>]`` continued by ``c``: wrong for both kinds of positions.
+
+        >>> stock_wrong(torch.tensor([[1, 1, 0, 1], [1, 1, 1, 1]]), 1, relative=True)
+        tensor([[ True],
+                [False]])
+    """
+    real = attention_mask != 0
+    length = real.shape[-1]
+    counts = real.cumsum(-1)  # real tokens in columns [0, t]
+    columns = torch.arange(length, device=real.device)
+    pads_before = columns + 1 - counts  # pads in columns [0, t]
+    if not relative:  # the position table itself: shifted by every pad before the token
+        state = (pads_before > 0) & real
+    else:
+        state = torch.zeros_like(real)
+    kinds = list(windows) or [None]
+    unchanged = 0  # layers in a row that changed nothing: a fixed point once every kind has had its turn
+    for window in kinds:
+        size = length if window is None else min(window, length)
+        seen_ref = counts.clamp(max=size)  # the last `size` real tokens up to t
+        start = (columns - size + 1).clamp_(min=0).expand_as(counts)
+        seen_stock = counts - (counts - real.long()).gather(-1, start)  # real tokens in columns (t-size, t]
+        first = torch.searchsorted(counts, (counts - seen_ref + 1).contiguous()).clamp_(max=length - 1)
+        differs = seen_stock != seen_ref
+        if relative:  # a pad between the first key seen and t: distances differ
+            differs |= (columns - first + 1) != seen_ref
+        wrong_so_far = state.long().cumsum(-1)
+        keys_wrong = (wrong_so_far - (wrong_so_far - state.long()).gather(-1, first)) > 0
+        after = (differs | keys_wrong) & real
+        unchanged = unchanged + 1 if torch.equal(after, state) else 0
+        state = after
+        if unchanged >= len(set(kinds)):
+            break
+    return state[:, length - num_new :]

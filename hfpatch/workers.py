@@ -23,8 +23,10 @@ from typing import Any, Callable, Optional, Union
 from . import engine
 from .launcher import (
     ARCHS_VARIABLE,
+    AUDIT_VARIABLE,
     DISABLED_VARIABLE,
     RAY_RUNTIME_ENV_HOOK,
+    SHADOW_VARIABLE,
     apply_from_environment,
     read_environment,
 )
@@ -67,7 +69,7 @@ def ray_runtime_env(runtime_env: Optional[Mapping[str, Any]] = None) -> dict[str
         raise TypeError(f"runtime_env: expected a dict or None, got {type(runtime_env).__name__}")
     merged = dict(runtime_env or {})
     env_vars = dict(merged.get("env_vars") or {})
-    for name in (ARCHS_VARIABLE, DISABLED_VARIABLE):
+    for name in (ARCHS_VARIABLE, DISABLED_VARIABLE, SHADOW_VARIABLE, AUDIT_VARIABLE):
         if name in os.environ and name not in env_vars:
             env_vars[name] = os.environ[name]
     if env_vars:

@@ -1,0 +1,195 @@
+"""``hfpatch audit``: what stock transformers got wrong in a run, with its results unchanged.
+
+    with hfpatch.audit() as report:      # or: hfpatch audit --json audit.json -- python train.py
+        ...                              # stock results, bit for bit
+    print(report)                        # per model type: calls, how many stock got wrong, where
+
+While an audit runs, the patched forward of every class hfpatch patches is installed but runs stock
+(unless ``apply()`` or a ``patched()`` block asks for the patch: such calls are counted as patched).
+Each outermost call is judged before it runs, from its arguments alone, by the rules hfpatch's families
+encode (:func:`hfpatch.positions.stock_wrong`): stock numbers the tokens by column; a token is wrong
+where that changes what it computes (any shift of absolute positions; a pad after the row's first real
+token for rotary positions and relative biases; sliding windows counted in columns; rope scaled by the
+batch's length instead of the row's). Calls it cannot judge (a 4-D mask, a static cache, attention
+chunks) are counted as such, and model types hfpatch does not patch are listed, not counted right.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import gc
+import json
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from . import engine
+from ._context import unwatch, watch
+from .declarations import THROUGH_LANGUAGE_MODEL
+
+__all__ = ["AUDIT_VARIABLE", "AuditReport", "audit", "merge", "start_from_environment"]
+
+AUDIT_VARIABLE = "HFPATCH_AUDIT"  # set by `hfpatch audit`: the folder each process writes its counts to
+COUNTS = ("calls", "affected", "rows", "tokens", "worst_shift", "patched", "positions_given")
+
+
+class AuditReport:
+    """Per model type (``config.model_type``): ``calls`` seen, ``affected`` (calls stock got wrong),
+    ``rows`` and ``tokens`` affected, ``worst_shift`` (the most pads before a wrong token: how far its
+    stock position is off), ``patched`` (calls hfpatch's patch ran), ``positions_given`` (calls with the
+    caller's positions: theirs, not judged), ``not_judged`` (reason -> calls) and ``sites`` (the first
+    frame outside transformers and torch -> [calls, affected]). ``unknown``: model types of models in
+    memory that hfpatch does not patch, with why (their calls are not counted at all)."""
+
+    def __init__(self) -> None:
+        self.types: dict[str, dict[str, Any]] = {}
+        self.unknown: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def entry(self, arch: str) -> dict[str, Any]:
+        found = self.types.get(arch)
+        if found is None:
+            found = self.types[arch] = {**dict.fromkeys(COUNTS, 0), "not_judged": {}, "sites": {}}
+        return found
+
+    def as_dict(self) -> dict[str, Any]:
+        """Model type -> its counts (JSON-ready); a type hfpatch does not patch maps to ``calls: None``
+        and why."""
+        with self._lock:
+            data = {arch: json.loads(json.dumps(entry)) for arch, entry in sorted(self.types.items())}
+        for entry in data.values():
+            entry["sites"] = {
+                site: {"calls": n, "affected": wrong} for site, (n, wrong) in entry["sites"].items()
+            }
+        for arch, why in sorted(self.unknown.items()):
+            data.setdefault(arch, {"calls": None, "affected": None, "not_judged": {why: None}})
+        return data
+
+    def __str__(self) -> str:
+        return table(self.as_dict())
+
+
+def table(data: dict[str, Any]) -> str:
+    """The short table ``hfpatch audit`` prints: one line per model type, then the call sites of wrong
+    calls, then what it could not judge."""
+    rows = [("model type", "calls", "wrong", "rows", "tokens", "worst shift", "patched")]
+    sites, unjudged = [], []
+    for arch, entry in data.items():
+        if entry.get("calls") is None:
+            unjudged.append(f"{arch} ({next(iter(entry['not_judged']))})")
+            continue
+        rows.append((arch, *(str(entry[name]) for name in ("calls", "affected", "rows", "tokens")),
+                     str(entry["worst_shift"]), str(entry["patched"])))  # fmt: skip
+        sites += [f"{site} ({arch}: {at['affected']} of {at['calls']} calls)"
+                  for site, at in entry["sites"].items() if at["affected"]]  # fmt: skip
+        unjudged += [f"{arch}: {n} calls ({why})" for why, n in entry["not_judged"].items()]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["hfpatch audit: what stock transformers got wrong by positions (results unchanged)"]
+    lines += ["  ".join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+              for row in rows]  # fmt: skip
+    if len(rows) == 1:
+        lines.append("no call of a model hfpatch patches was seen")
+    if sites:
+        lines.append("wrong calls from: " + "; ".join(sites))
+    if unjudged:
+        lines.append("not judged: " + "; ".join(unjudged))
+    return "\n".join(lines)
+
+
+def merge(reports: list[dict[str, Any]]) -> dict[str, Any]:
+    """The counts of several processes' reports (:meth:`AuditReport.as_dict`), added up."""
+    merged: dict[str, Any] = {}
+    for data in reports:
+        for arch, entry in data.items():
+            if entry.get("calls") is None:
+                merged.setdefault(arch, entry)
+                continue
+            into = merged.get(arch)
+            if into is None or into.get("calls") is None:
+                into = merged[arch] = {**dict.fromkeys(COUNTS, 0), "not_judged": {}, "sites": {}}
+            for name in COUNTS:
+                into[name] = (
+                    max(into[name], entry[name]) if name == "worst_shift" else into[name] + entry[name]
+                )
+            for why, n in entry["not_judged"].items():
+                into["not_judged"][why] = into["not_judged"].get(why, 0) + n
+            for site, at in entry["sites"].items():
+                before = into["sites"].setdefault(site, {"calls": 0, "affected": 0})
+                before["calls"] += at["calls"]
+                before["affected"] += at["affected"]
+    return dict(sorted(merged.items()))
+
+
+@contextlib.contextmanager
+def audit() -> Iterator[AuditReport]:
+    """Count, per model type, the calls inside the block that stock transformers gets wrong by
+    positions; their results are stock's, bit for bit. The report is complete when the block ends."""
+    report = AuditReport()
+    stop = start(report)
+    try:
+        yield report
+    finally:
+        stop()
+
+
+def start(report: AuditReport) -> Any:
+    """Start auditing every thread's calls into ``report``; returns the function that stops it."""
+    from .judge import Watcher  # imports torch: only when an audit starts
+
+    token = engine.hold()
+    watcher = Watcher(report)
+    watch(watcher)
+
+    def stop() -> None:
+        unwatch(watcher)
+        engine.release(token)
+        report.unknown.update(_unknown_types(report))
+
+    return stop
+
+
+def start_from_environment() -> bool:
+    """``HFPATCH_AUDIT=FOLDER`` (set by ``hfpatch audit``): audit this process and write its counts to
+    ``FOLDER/PID.json`` at exit. Whether it started."""
+    folder = os.environ.get(AUDIT_VARIABLE, "").strip()
+    if not folder:
+        return False
+    report = AuditReport()
+    stop = start(report)
+
+    def write() -> None:
+        stop()
+        path = Path(folder) / f"{os.getpid()}.json"
+        with contextlib.suppress(OSError):
+            path.write_text(json.dumps(report.as_dict()))
+
+    atexit.register(write)
+    engine.applied_by(f"hfpatch audit (process {os.getpid()}): stock results, calls counted")
+    return True
+
+
+def _unknown_types(report: AuditReport) -> dict[str, str]:
+    """Model types of the models in memory whose calls the audit does not see (hfpatch does not patch
+    them), with why (``status()``'s reason)."""
+    base = engine._pretrained_model()
+    if base is None:
+        return {}
+    types = {getattr(getattr(o, "config", None), "model_type", None)
+             for o in gc.get_objects() if issubclass(type(o), base)}  # fmt: skip
+    status = engine.status()
+    unknown = {}
+    for arch in sorted(t for t in types if isinstance(t, str) and t not in report.types):
+        if engine.adapter_for(arch) is not None and engine.patchable(arch):
+            continue  # watched, and not called
+        entry = status.get(arch)
+        if entry is not None and entry.state == THROUGH_LANGUAGE_MODEL:
+            continue  # its calls run through its language model's class, which is watched
+        unknown[arch] = (
+            f"hfpatch does not patch it ({entry.state or entry.support})"
+            if entry is not None
+            else "hfpatch does not know this model type"
+        )
+    return unknown

@@ -1,0 +1,148 @@
+"""The audit's judgement of one call (:mod:`hfpatch.auditing`): what stock transformers gets wrong in
+it by positions, read from its arguments before it runs, by the rules hfpatch's families encode
+(:func:`hfpatch.positions.stock_wrong`), and where it was called from."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import weakref
+from typing import Any, Optional
+
+import torch
+
+from .caches import capacity, past_length
+from .declarations import PADDED_TABLE, SINUSOID, TABLE
+from .positions import stock_wrong
+from .rope import DYNAMIC, scaled_rope
+from .windows import CHUNKED, _layer_types, _text_config, _window_of
+
+__all__ = ["GIVEN", "Watcher", "call_site"]
+
+ABSOLUTE_HANDS_TO = (TABLE, SINUSOID, PADDED_TABLE)  # decoders whose position module is a table or sinusoid
+INTERNAL = ("transformers", "torch", "hfpatch")  # frames skipped to find a call site
+GIVEN = "positions given"
+
+
+class Watcher:
+    """Judges each watched call before it runs; never changes it, never raises into it."""
+
+    def __init__(self, report: Any) -> None:  # an hfpatch.auditing.AuditReport
+        self.report = report
+        self.facts: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> _Facts
+
+    def __call__(self, seen: Any, call: Any) -> Any:
+        try:
+            self.observe(seen)
+        except Exception as exc:  # noqa: BLE001 - an audit must never break the run
+            self._count(seen, None, f"the audit failed: {type(exc).__name__}")
+        return call()
+
+    def observe(self, seen: Any) -> None:
+        verdict = _judge(seen, self._facts(seen))
+        if isinstance(verdict, str):
+            self._count(seen, None, verdict)
+        else:
+            self._count(seen, verdict, None)
+
+    def _facts(self, seen: Any) -> _Facts:
+        model = seen.model
+        facts = self.facts.get(model)
+        if facts is None:
+            facts = self.facts[model] = _Facts(model, seen.adapter)
+        return facts
+
+    def _count(self, seen: Any, stats: Optional[list[int]], unjudged: Optional[str]) -> None:
+        arch = getattr(getattr(seen.model, "config", None), "model_type", None) or seen.adapter.arch
+        site = call_site()[0]
+        report = self.report
+        with report._lock:
+            entry = report.entry(arch)
+            entry["calls"] += 1
+            entry["patched"] += seen.patched
+            at = entry["sites"].setdefault(site, [0, 0])
+            at[0] += 1
+            if unjudged == GIVEN:
+                entry["positions_given"] += 1
+            elif unjudged is not None:
+                entry["not_judged"][unjudged] = entry["not_judged"].get(unjudged, 0) + 1
+            elif stats is not None and stats[0]:
+                entry["affected"] += 1
+                at[1] += 1
+                entry["rows"] += stats[0]
+                entry["tokens"] += stats[1]
+                entry["worst_shift"] = max(entry["worst_shift"], stats[2])
+
+
+class _Facts:
+    """What the rules need of a model, read once: relative positions?, each layer's window, rope
+    scaled by length (kind, original context), or why its calls cannot be judged."""
+
+    def __init__(self, model: Any, adapter: Any) -> None:
+        family = adapter.family
+        self.relative = not family.name.startswith("absolute") and family.hands_to not in ABSOLUTE_HANDS_TO
+        self.unjudged: Optional[str] = None
+        self.windows: list[Optional[int]] = []
+        try:
+            config = _text_config(model)
+            kinds = _layer_types(config)
+        except AttributeError:  # a config without layers (a custom model's): full attention
+            kinds = []
+        if CHUNKED in kinds:
+            self.unjudged = "attention chunks"
+        sizes = [(_window_of(config, kind) or (None, None))[0] for kind in kinds]
+        self.windows = sizes if any(sizes) else []
+        self.scaled = scaled_rope(model)
+
+
+def _judge(seen: Any, facts: _Facts) -> Any:
+    """``[rows, tokens, worst shift]`` stock gets wrong in this call, or why it is not judged."""
+    kwargs = seen.kwargs
+    if kwargs.get("position_ids") is not None:
+        return GIVEN
+    mask = kwargs.get("attention_mask")
+    if mask is None:
+        return [0, 0, 0]  # stock's positions are the reference's
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
+        return "a 4-D or non-tensor mask"
+    if facts.unjudged is not None:
+        return facts.unjudged
+    tokens = kwargs.get("input_ids")
+    tokens = tokens if tokens is not None else kwargs.get("inputs_embeds")
+    if tokens is None or tokens.dim() < 2:
+        return "no input_ids or inputs_embeds"
+    cache = seen.cache
+    if capacity(cache) is not None:
+        return "a static cache"
+    num_new, length = tokens.shape[1], mask.shape[1]
+    if past_length(cache) + num_new != length:
+        return "a mask that is not past + new tokens long"
+    wrong = stock_wrong(mask, num_new, facts.relative, facts.windows)
+    real = mask != 0
+    if facts.scaled is not None:
+        kind, original = facts.scaled
+        own = real.sum(-1)
+        if kind == DYNAMIC:
+            scaled_rows = (own != length) & (own.clamp(min=length) > original)
+        else:
+            scaled_rows = (own > original) != (length > original)
+        wrong = wrong | (scaled_rows[:, None] & real[:, length - num_new :])
+    shift = torch.arange(length, device=mask.device) + 1 - real.cumsum(-1)
+    worst = torch.where(wrong, shift[:, length - num_new :], 0).max()
+    return torch.stack([wrong.any(-1).sum(), wrong.sum(), worst]).tolist()
+
+
+def call_site() -> tuple[str, Any]:
+    """``file:line`` of the first frame outside transformers, torch and hfpatch (relative to the working
+    directory where it lies under it), and the frame (None where there is none)."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] in INTERNAL:
+        frame = frame.f_back
+    if frame is None:
+        return "?", None
+    path = frame.f_code.co_filename
+    with contextlib.suppress(ValueError):
+        relative = os.path.relpath(path)
+        path = path if relative.startswith("..") else relative
+    return f"{path}:{frame.f_lineno}", frame

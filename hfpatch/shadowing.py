@@ -1,0 +1,326 @@
+"""``hfpatch.shadow``: check live calls against their rows run alone, while the run goes on.
+
+    with hfpatch.shadow(rate=0.01) as report:    # or HFPATCH_SHADOW=0.01 with hfpatch run / hfpatch.auto
+        ...                                      # the live results are unchanged, bit for bit
+    report.checked, report.mismatches, report.worst
+
+For a sampled share of the outermost calls of the classes hfpatch patches (in eval mode, with a 2-D
+mask that pads some row, without the caller's own positions), one row, chosen at random, is run again
+alone and unpadded, with no cache, under ``torch.no_grad()`` (the same weights, dtype and device; no
+random number is drawn), and compared at its real tokens with the call's outputs. An uncached call is
+sampled with probability ``rate``; a cache whose first call is sampled is followed, its calls' tokens
+kept, and every later padded call on it is checked (a cache changed between the calls hfpatch sees, by
+beam search or a copy, is let go). A difference beyond the tolerance warns with
+:class:`ShadowMismatch`, once per model type and call site, and is counted; ``status().shadow`` has the
+process's counts. It checks whatever runs: hfpatch's patch, stock, another library's kernels.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import sys
+import threading
+import warnings
+import weakref
+from collections.abc import Iterator
+from typing import Any, Optional
+
+import torch
+
+from . import engine
+from ._compat import CACHE_NAMES
+from ._context import SHADOW_COUNTS, unwatch, watch
+from .caches import _first_layer_keys, capacity, past_length
+from .judge import call_site
+from .rope import scaled_rope
+
+__all__ = ["SHADOW_VARIABLE", "ShadowMismatch", "ShadowReport", "shadow", "start_from_environment"]
+
+SHADOW_VARIABLE = "HFPATCH_SHADOW"  # read by hfpatch run and hfpatch.auto: the rate
+# arguments a row can be run alone with; any other tensor argument (token types, images) is let go
+TAKEN = {"input_ids", "inputs_embeds", "attention_mask", "use_cache", "return_dict", "output_attentions",
+         "output_hidden_states", *CACHE_NAMES}  # fmt: skip
+FP32 = 1e-5  # fp32: |difference| within this share of the row's largest |output| (at least 1)
+RELATIVE = {torch.float16: 4e-3, torch.bfloat16: 3e-2}
+
+
+class ShadowMismatch(RuntimeWarning):
+    """A live call's row differs from the same row run alone, unpadded."""
+
+
+class ShadowReport:
+    """``checked``: rows compared; ``mismatches``: of those, beyond the tolerance; ``worst``: the largest
+    |difference| seen; ``skipped``: calls not checked, by reason (sampled out calls are not counted)."""
+
+    def __init__(self) -> None:
+        self.checked = 0
+        self.mismatches = 0
+        self.worst = 0.0
+        self.skipped: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return (f"ShadowReport(checked={self.checked}, mismatches={self.mismatches}, "
+                f"worst={self.worst:.3g}, skipped={self.skipped})")  # fmt: skip
+
+
+@contextlib.contextmanager
+def shadow(rate: float = 0.01, *, tolerance: Optional[float] = None, seed: int = 0) -> Iterator[ShadowReport]:
+    """Check a share ``rate`` (0 to 1) of the live calls inside the block against their rows run alone;
+    ``tolerance``: the largest |difference| allowed (default: from the outputs' dtype and size);
+    ``seed``: of the sampling (its own generator: the program's random state is not touched)."""
+    report = ShadowReport()
+    stop = start(report, rate, tolerance, seed)
+    try:
+        yield report
+    finally:
+        stop()
+
+
+def start(report: ShadowReport, rate: float, tolerance: Optional[float] = None, seed: int = 0) -> Any:
+    """Start checking every thread's calls into ``report``; returns the function that stops it."""
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate <= 1:
+        raise ValueError(f"rate: expected a share of calls from 0 to 1, got {rate!r}")
+    if tolerance is not None and (not isinstance(tolerance, (int, float)) or tolerance < 0):
+        raise ValueError(f"tolerance: expected a number >= 0 (or None), got {tolerance!r}")
+    token = engine.hold()
+    watcher = _Watcher(report, float(rate), tolerance, seed)
+    watch(watcher)
+
+    def stop() -> None:
+        unwatch(watcher)
+        engine.release(token)
+
+    return stop
+
+
+def start_from_environment() -> bool:
+    """``HFPATCH_SHADOW=RATE``: check that share of this process's calls; at exit, one line on stderr
+    with the counts (where it checked any). ``ValueError`` naming the variable for a bad rate."""
+    value = os.environ.get(SHADOW_VARIABLE, "").strip()
+    if not value:
+        return False
+    try:
+        rate = float(value)
+    except ValueError:
+        rate = -1.0
+    if not 0 <= rate <= 1:
+        raise ValueError(f"{SHADOW_VARIABLE}={value}: expected a share of calls from 0 to 1")
+    report = ShadowReport()
+    stop = start(report, rate)
+
+    def summary() -> None:
+        stop()
+        if report.checked or report.mismatches:
+            print(f"hfpatch shadow (process {os.getpid()}): {report.checked} rows checked, "
+                  f"{report.mismatches} mismatches, worst |difference| {report.worst:.2g}",
+                  file=sys.stderr)  # fmt: skip
+
+    import atexit
+
+    atexit.register(summary)
+    return True
+
+
+class _Followed:
+    """A cache being followed: the tokens of every call it has seen, and its first layer's keys as they
+    were after the last one (a change in between lets it go)."""
+
+    __slots__ = ("ref", "ids", "stamp")
+
+    def __init__(self, cache: Any, ids: torch.Tensor) -> None:
+        self.ref = weakref.ref(cache)
+        self.ids = ids
+        self.stamp = _stamp(cache)
+
+
+def _stamp(cache: Any) -> Any:
+    keys = _first_layer_keys(cache)
+    return None if keys is None else (weakref.ref(keys), keys._version)
+
+
+def _same(stamp: Any, cache: Any) -> bool:
+    keys = _first_layer_keys(cache)
+    if stamp is None or keys is None:
+        return stamp is None and keys is None
+    return stamp[0]() is keys and stamp[1] == keys._version
+
+
+class _Watcher:
+    def __init__(self, report: ShadowReport, rate: float, tolerance: Optional[float], seed: int) -> None:
+        self.report, self.rate, self.tolerance = report, rate, tolerance
+        self.random = random.Random(seed)
+        self.lock = threading.Lock()
+        self.followed: dict[int, _Followed] = {}  # id(cache) -> what it holds
+        self.warned: set[tuple[str, str]] = set()
+        self.scaled: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def __call__(self, seen: Any, call: Any) -> Any:
+        if self.rate == 0.0:
+            return call()
+        try:
+            check = self.before(seen)
+        except Exception as exc:  # noqa: BLE001 - a check must never break the run
+            check = None
+            self.skip(f"the check failed: {type(exc).__name__}")
+        result = call()
+        try:
+            self.after(seen, check, result)
+        except Exception as exc:  # noqa: BLE001
+            self.skip(f"the check failed: {type(exc).__name__}")
+        return result
+
+    def skip(self, why: str) -> None:
+        with self.report._lock:
+            self.report.skipped[why] = self.report.skipped.get(why, 0) + 1
+
+    def sample(self, n: int = 0) -> float:
+        with self.lock:
+            return self.random.randrange(n) if n else self.random.random()
+
+    def before(self, seen: Any) -> Optional[tuple]:
+        """What to check after the call: (row, the tokens of the whole row so far, follow the cache?),
+        or None."""
+        kwargs, model = seen.kwargs, seen.model
+        mask = kwargs.get("attention_mask")
+        if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
+            return None  # no padding to check (or a 4-D mask: the caller's own)
+        if kwargs.get("position_ids") is not None or kwargs.get("cache_position") is not None:
+            return self.skip("the caller's positions")
+        family = seen.adapter.family
+        if family.hands_to is not None or family.seq2seq or family.multimodal:
+            return self.skip("a decoder of an encoder-decoder model, or a multimodal wrapper")
+        if model.training:
+            return self.skip("training mode (dropout)")
+        if any(isinstance(v, torch.Tensor) for k, v in kwargs.items() if k not in TAKEN):
+            return self.skip("other inputs")
+        if self._scaled(model):
+            return self.skip("rope scaled by length (running a row alone would change its state)")
+        ids = kwargs.get("input_ids")
+        tokens = ids if ids is not None else kwargs.get("inputs_embeds")
+        if tokens is None or tokens.dim() != (2 if ids is not None else 3):
+            return None
+        cache, num_new = seen.cache, tokens.shape[1]
+        if cache is None or (capacity(cache) is None and past_length(cache) == 0):
+            if mask.shape[1] != num_new or self.sample() >= self.rate:
+                return None
+            follow = ids is not None and kwargs.get("use_cache", True) is not False
+            return (None, tokens, follow) if bool((mask == 0).any()) else (None, None, follow)
+        followed = self.followed.get(id(cache))
+        if followed is None or followed.ref() is not cache:
+            return None
+        if (
+            ids is None
+            or not _same(followed.stamp, cache)
+            or mask.shape[1] != followed.ids.shape[1] + num_new
+        ):
+            del self.followed[id(cache)]
+            return self.skip("a cache changed between the calls seen")
+        whole = torch.cat([followed.ids, ids], dim=1)
+        return (cache, whole if bool((mask == 0).any()) else None, True)
+
+    def after(self, seen: Any, check: Optional[tuple], result: Any) -> None:
+        if check is None:
+            return
+        cache, whole, follow = check
+        if whole is not None:
+            self.compare(seen, whole, result)
+        if follow:
+            out = _output_cache(result)
+            if out is None or isinstance(out, (tuple, list)):
+                return
+            ids = whole if whole is not None else (
+                seen.kwargs["input_ids"] if cache is None else
+                torch.cat([self.followed[id(cache)].ids, seen.kwargs["input_ids"]], dim=1)
+            )  # fmt: skip
+            if cache is not None and out is not cache:
+                self.followed.pop(id(cache), None)
+            before = self.followed.get(id(out))
+            self.followed[id(out)] = _Followed(out, ids)
+            if before is None or before.ref() is not out:  # forgotten when the cache is
+                weakref.finalize(out, self.followed.pop, id(out), None)
+
+    def compare(self, seen: Any, whole: torch.Tensor, result: Any) -> None:
+        mask, model = seen.kwargs["attention_mask"], seen.model
+        batch, num_new = mask.shape[0], _new_tokens(seen)
+        row = self.sample(batch)
+        real = mask[row] != 0
+        new_real = real[-num_new:]
+        count = int(new_real.sum())
+        if count == 0:
+            return
+        key = "input_ids" if seen.kwargs.get("input_ids") is not None else "inputs_embeds"
+        alone_inputs = whole[row][real][None]
+        live = _outputs(result)[row, -num_new:][new_real]
+        with torch.no_grad():
+            kwargs = {key: alone_inputs}
+            if "use_cache" in seen.kwargs:
+                kwargs["use_cache"] = False
+            alone = _outputs(model(**kwargs))[0, -count:]
+        live, alone = live.detach(), alone.detach()
+        scale = float(alone.abs().max()) if alone.numel() else 1.0
+        dtype = alone.dtype
+        bound = self.tolerance if self.tolerance is not None else (
+            RELATIVE.get(dtype, FP32) * max(1.0, scale)
+        )  # fmt: skip
+        diff = float((live.float() - alone.float()).abs().max())
+        report = self.report
+        site, frame = call_site()
+        with report._lock:
+            report.checked += 1
+            report.worst = max(report.worst, diff)
+            wrong = diff > bound
+            report.mismatches += wrong
+            SHADOW_COUNTS["checked"] += 1
+            SHADOW_COUNTS["mismatches"] += wrong
+            SHADOW_COUNTS["worst"] = max(SHADOW_COUNTS["worst"], diff)
+        if not wrong:
+            return
+        arch = getattr(model.config, "model_type", seen.adapter.arch)
+        if (arch, site) in self.warned:
+            return
+        self.warned.add((arch, site))
+        past = whole.shape[1] - num_new
+        scenario = f"a cached prefix of {past} columns + {num_new} tokens" if past else "one padded call"
+        message = (
+            f"hfpatch shadow: {type(model).__name__} ({arch}), row {row} of a batch of {batch} "
+            f"({scenario}, {mask.shape[1]} columns): {diff:.2g} from the row run alone (tolerance "
+            f"{bound:.1g}); later mismatches here are only counted (hfpatch.status().shadow)"
+        )
+        if frame is None:
+            warnings.warn(message, ShadowMismatch, stacklevel=2)
+        else:  # reported at the caller's line, as a warning of its module (filters see it so)
+            globals_ = frame.f_globals
+            registry = globals_.setdefault("__warningregistry__", {})
+            where = (frame.f_code.co_filename, frame.f_lineno, globals_.get("__name__"), registry)
+            warnings.warn_explicit(message, ShadowMismatch, *where)
+
+    def _scaled(self, model: Any) -> bool:
+        found = self.scaled.get(model)
+        if found is None:
+            found = self.scaled[model] = scaled_rope(model) is not None
+        return found
+
+
+def _new_tokens(seen: Any) -> int:
+    kwargs = seen.kwargs
+    tokens = kwargs.get("input_ids")
+    tokens = tokens if tokens is not None else kwargs["inputs_embeds"]
+    return tokens.shape[1]
+
+
+def _outputs(result: Any) -> torch.Tensor:
+    """What a forward returned to compare: its logits, else its last hidden state (a base model)."""
+    if isinstance(result, (tuple, list)):
+        return result[0]
+    logits = getattr(result, "logits", None)
+    return logits if logits is not None else result[0]
+
+
+def _output_cache(result: Any) -> Any:
+    if isinstance(result, (tuple, list)):
+        return None
+    keys = result.keys() if hasattr(result, "keys") else ()
+    return next((result[key] for key in CACHE_NAMES if key in keys), None)
