@@ -153,20 +153,36 @@ def start(report: AuditReport) -> Any:
 
 def start_from_environment() -> bool:
     """``HFPATCH_AUDIT=FOLDER`` (set by ``hfpatch audit``): audit this process and write its counts to
-    ``FOLDER/PID.json`` at exit. Whether it started."""
+    ``FOLDER/PID.json`` at exit: a normal one (atexit), or ``os._exit()`` (which skips atexit: torchrun
+    scripts and multiprocessing's forked children end so), which in an audited process writes first.
+    Whether it started."""
     folder = os.environ.get(AUDIT_VARIABLE, "").strip()
     if not folder:
         return False
     report = AuditReport()
     stop = start(report)
+    written: list[bool] = []
 
     def write() -> None:
+        if written:
+            return
+        written.append(True)
         stop()
         path = Path(folder) / f"{os.getpid()}.json"
         with contextlib.suppress(OSError):
             path.write_text(json.dumps(report.as_dict()))
 
     atexit.register(write)
+    exit_now = os._exit
+
+    def _exit(status: int) -> None:
+        with contextlib.suppress(Exception):
+            write()
+        exit_now(status)
+
+    os._exit = _exit
+    # a forked child starts with the parent's counts: its own file counts only its own calls
+    os.register_at_fork(after_in_child=report.types.clear)
     engine.applied_by(f"hfpatch audit (process {os.getpid()}): stock results, calls counted")
     return True
 

@@ -87,8 +87,9 @@ def _run(tmp_path, kind, launcher):
         command = [torchrun, "--standalone", "--nproc_per_node=2", str(script)]
     else:
         command = [sys.executable, str(script)]
-    if launcher:
-        command = [sys.executable, "-m", "hfpatch", "run", "--", *command]
+    if launcher:  # True: hfpatch run; a list: that hfpatch command and its options
+        verb = ["run"] if launcher is True else launcher
+        command = [sys.executable, "-m", "hfpatch", *verb, "--", *command]
     env = {k: v for k, v in os.environ.items() if not k.startswith("HFPATCH_")}
     env.update(OMP_NUM_THREADS="1")
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
@@ -196,3 +197,15 @@ def test_launcher_from_a_checkout_that_is_not_installed(tmp_path):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["error"] <= TOLERANCE and "hfpatch run launcher" in result["applied_by"], result
+
+
+@pytest.mark.parametrize("kind", list(SCRIPTS))
+def test_audit_counts_every_process_and_leaves_them_stock(tmp_path, kind):
+    """``hfpatch audit``: every worker runs stock (its padded cached call is wrong, as without the
+    launcher), and the counts of all processes are added up: three calls each, the continued prefix
+    the one stock gets wrong."""
+    results = _run(tmp_path, kind, launcher=["audit", "--json", str(tmp_path / "audit.json")])
+    counted = json.loads((tmp_path / "audit.json").read_text())[ARCH]
+    assert counted["calls"] == 3 * len(results) and counted["affected"] == len(results), counted
+    for result in results:
+        assert result["error"] > WRONG and "hfpatch audit" in result["applied_by"], result

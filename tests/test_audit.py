@@ -1,0 +1,204 @@
+"""hfpatch audit: a run's results stay stock's, bit for bit, and its counts are what each row run alone
+says (the truth is computed here, from stock logits and each row alone, without hfpatch's harness);
+the rule it counts by (positions.stock_wrong) matches every token of random padded, cached calls."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import hfpatch
+from hfpatch.positions import stock_wrong
+
+from conftest import arch_skip_reason
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import audit_script  # noqa: E402
+
+TOLERANCE = 1e-5
+COUNTED = ("calls", "affected", "rows", "tokens")
+
+
+def _need(*archs: str) -> None:
+    for arch in archs:
+        if arch_skip_reason(arch):
+            pytest.skip(arch_skip_reason(arch))
+
+
+def wrong_tokens(model, ids, mask, num_new, logits) -> torch.Tensor:
+    """[batch, num_new] bool: the real new tokens whose logits differ from the row run alone."""
+    wrong = torch.zeros(mask.shape[0], num_new, dtype=torch.bool)
+    with torch.no_grad():
+        for row in range(mask.shape[0]):
+            real = mask[row] != 0
+            new_real = real[-num_new:]
+            count = int(new_real.sum())
+            if count:
+                alone = model(input_ids=ids[row][real][None]).logits[0, -count:]
+                far = (logits[row][new_real] - alone).abs().amax(-1) > TOLERANCE
+                wrong[row, new_real.nonzero().flatten()] = far
+    return wrong
+
+
+def truth(records, models) -> dict:
+    counts = {}
+    for record in records:
+        wrong = wrong_tokens(
+            models[record["arch"]], record["ids"], record["mask"], record["new"], record["logits"]
+        )
+        entry = counts.setdefault(record["arch"], dict.fromkeys(COUNTED, 0))
+        rows = int(wrong.any(-1).sum())
+        entry["calls"] += 1
+        entry["affected"] += rows > 0
+        entry["rows"] += rows
+        entry["tokens"] += int(wrong.sum())
+    return counts
+
+
+def test_audit_leaves_results_stock_and_counts_what_each_row_alone_says(tmp_path):
+    _need("gpt2", "llama", "mistral")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    script = str(HERE / "audit_script.py")
+    subprocess.run([sys.executable, script, str(tmp_path / "stock.pt")], env=env, check=True)
+    report = tmp_path / "audit.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "hfpatch", "audit", "--json", str(report), "--", sys.executable, script,
+         str(tmp_path / "audited.pt")],
+        env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    stock, audited = torch.load(tmp_path / "stock.pt"), torch.load(tmp_path / "audited.pt")
+    assert len(stock) == len(audited) == sum(len(calls) for _, calls in audit_script.CHAINS)
+    for before, after in zip(stock, audited):
+        assert torch.equal(before["logits"], after["logits"])  # the same bits
+    counted = json.loads(report.read_text())
+    expected = truth(stock, audit_script.models())
+    assert {arch: {name: counted[arch][name] for name in COUNTED} for arch in expected} == expected
+    assert all(expected[arch]["affected"] for arch in expected)  # stock is wrong in each, somewhere
+    assert expected["llama"]["affected"] < expected["llama"]["calls"]  # left padding in one call: right
+    assert "hfpatch audit: what stock transformers got wrong" in done.stderr
+    assert "audit_script.py:" in done.stderr and "(1 process counted)" in done.stderr
+    site = next(iter(counted["gpt2"]["sites"]))
+    assert site.endswith(".py:" + site.rpartition(":")[2]) and "audit_script.py" in site
+
+
+def _random_chain(generator: torch.Generator, batch: int = 3) -> list[torch.Tensor]:
+    """One to three calls' masks: pads anywhere, every row with a real token in its first call."""
+    calls = []
+    for _ in range(int(torch.randint(1, 4, (), generator=generator))):
+        width = int(torch.randint(1, 6, (), generator=generator))
+        calls.append((torch.rand(batch, width, generator=generator) > 0.35).long())
+    calls[0][:, -1] = 1
+    return calls
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "mistral"])
+def test_the_rule_matches_every_token_of_random_padded_cached_calls(arch):
+    """stock_wrong's verdict for each real token of each call equals the stock logits against the row
+    alone: 12 random chains of cached calls (windows of 3 for Mistral)."""
+    _need(arch)
+    model = audit_script.models()[arch]
+    relative = arch != "gpt2"
+    windows = [audit_script.WINDOW] * model.config.num_hidden_layers if arch == "mistral" else []
+    generator = torch.Generator().manual_seed(7)
+    checked = wrong_seen = 0
+    with hfpatch.unpatched(), torch.no_grad():
+        for _ in range(12):
+            cache, mask, ids = None, None, None
+            for new in _random_chain(generator):
+                tokens = torch.randint(3, 60, new.shape, generator=generator)
+                mask = new if mask is None else torch.cat([mask, new], 1)
+                ids = tokens if ids is None else torch.cat([ids, tokens], 1)
+                out = model(input_ids=tokens, attention_mask=mask, past_key_values=cache, use_cache=True)
+                cache = out.past_key_values
+                truth_ = wrong_tokens(model, ids, mask, new.shape[1], out.logits)
+                predicted = stock_wrong(mask, new.shape[1], relative, windows)
+                assert torch.equal(predicted, truth_), (mask, predicted, truth_)
+                checked += int((new != 0).sum())
+                wrong_seen += int(truth_.sum())
+    assert wrong_seen and wrong_seen < checked  # both verdicts occur
+
+
+def test_in_process_audit_counts_patched_calls_and_says_what_it_cannot_judge():
+    """``with hfpatch.audit()``: calls hfpatch's patch runs (apply() holds here) are counted as
+    patched, the caller's positions as given, a static cache as not judged; a model type hfpatch does
+    not patch is listed, not counted right; the results are the same bits as outside the audit."""
+    _need("gpt2")
+    from hfpatch._compat import new_static_cache
+    from hfpatch.verification.tiny import tiny_model
+
+    model = tiny_model("gpt2")
+    ids = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
+    left = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
+    with torch.no_grad():
+        before = model(input_ids=ids, attention_mask=left).logits
+        with hfpatch.audit() as report:
+            during = model(input_ids=ids, attention_mask=left).logits  # patched: apply() holds
+            model(input_ids=ids, attention_mask=left, position_ids=torch.arange(4).expand(2, -1))
+            static = (
+                new_static_cache(model, 2, 8) if "static" not in (arch_skip_reason("gpt2") or "") else None
+            )
+            if static is not None:
+                model(input_ids=ids, attention_mask=torch.cat([left, torch.zeros(2, 4, dtype=left.dtype)], 1),
+                      past_key_values=static, use_cache=True)  # fmt: skip
+    assert torch.equal(before, during)
+    counted = report.as_dict()["gpt2"]
+    assert counted["calls"] == 2 + (static is not None) and counted["patched"] == counted["calls"]
+    assert counted["affected"] == 1 and counted["positions_given"] == 1
+    if static is not None:
+        assert counted["not_judged"] == {"a static cache": 1}, counted
+    text = str(report)
+    assert text.startswith("hfpatch audit:") and "gpt2" in text
+
+
+def test_audit_lists_a_model_type_it_cannot_judge():
+    """A model of a type hfpatch does not patch (Mamba: no positions at all) is listed with why."""
+    _need("gpt2")
+    transformers = pytest.importorskip("transformers")
+    if not hasattr(transformers, "MambaConfig"):
+        pytest.skip("no Mamba in this transformers release")
+    config = transformers.MambaConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, state_size=4)
+    mamba = transformers.MambaForCausalLM(config).eval()
+    with hfpatch.audit() as report:
+        with torch.no_grad():
+            mamba(input_ids=torch.tensor([[5, 6, 7]]))
+    data = report.as_dict()
+    assert data["mamba"]["calls"] is None and "hfpatch does not patch it" in next(
+        iter(data["mamba"]["not_judged"])
+    )
+    assert "not judged: mamba" in str(report)
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "says"),
+    [
+        ((), 2, "expected a command"),
+        (("--json", "/no/such/folder/a.json", "--", sys.executable, "-c", "pass"), 2, "does not exist"),
+        (("--", "no-such-command-hfpatch"), 127, "cannot run"),
+    ],
+)
+def test_audit_command_mistakes_are_one_line(args, code, says):
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("HFPATCH_")}
+    done = subprocess.run([sys.executable, "-m", "hfpatch", "audit", *args], capture_output=True, text=True,
+                          env=environ, timeout=300)  # fmt: skip
+    assert done.returncode == code, done.stderr
+    assert "Traceback" not in done.stderr and says in done.stderr.splitlines()[0], done.stderr
+
+
+def test_audit_exits_with_the_commands_status_and_reports_no_calls(tmp_path):
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("HFPATCH_")}
+    report = tmp_path / "a.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "hfpatch", "audit", "--json", str(report), "--", sys.executable, "-c",
+         "raise SystemExit(3)"],
+        capture_output=True, text=True, env=environ, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 3, done.stderr
+    assert json.loads(report.read_text()) == {} and "no call of a model hfpatch patches" in done.stderr

@@ -1,0 +1,164 @@
+"""hfpatch.shadow: live calls checked against their rows run alone. No mismatch on patched GPT-2 and
+Llama, whose logits stay the same bits; a mismatch, warned once per call site, on a patched Llama whose
+rotary embedding reads only row 0's positions and on stock GPT-2 with left padding; rate 0 checks
+nothing; followed caches are let go when changed outside the calls; the program's RNG is untouched."""
+
+from __future__ import annotations
+
+import copy
+import os
+import random
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+import hfpatch
+from hfpatch.verification.tiny import tiny_model
+
+from conftest import arch_skip_reason
+
+LEFT = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+RIGHT = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+
+
+@pytest.fixture(params=["gpt2", "llama"])
+def model(request):
+    if arch_skip_reason(request.param):
+        pytest.skip(arch_skip_reason(request.param))
+    return tiny_model(request.param)
+
+
+def calls(model, ids):
+    """A user's calls: left padding in one call, a right-padded prefix continued by 2 tokens and by 1."""
+    out = [model(input_ids=ids, attention_mask=LEFT).logits]
+    first = model(input_ids=ids, attention_mask=RIGHT, use_cache=True)
+    cache = first.past_key_values
+    mask = torch.cat([RIGHT, torch.ones(2, 2, dtype=RIGHT.dtype)], 1)
+    second = model(input_ids=ids[:, :2], attention_mask=mask, past_key_values=cache, use_cache=True)
+    mask = torch.cat([mask, torch.ones(2, 1, dtype=RIGHT.dtype)], 1)
+    third = model(input_ids=ids[:, :1], attention_mask=mask, past_key_values=second.past_key_values)
+    return [*out, first.logits, second.logits, third.logits]
+
+
+def test_no_mismatch_on_patched_models_and_the_same_bits(model):
+    ids = torch.randint(5, 60, (2, 5), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        plain = calls(model, ids)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", hfpatch.ShadowMismatch)
+            with hfpatch.shadow(rate=1.0) as report:
+                shadowed = calls(model, ids)
+    assert all(torch.equal(a, b) for a, b in zip(plain, shadowed))
+    assert report.checked == 4 and report.mismatches == 0, report  # the cached calls were followed
+    assert report.worst <= 1e-5
+
+
+def _row_zero_rotary(model):
+    rotary = model.base_model.rotary_emb
+    forward = rotary.forward
+    rotary.forward = lambda x, position_ids, *a, **k: forward(
+        x, position_ids[:1].expand_as(position_ids), *a, **k
+    )
+
+
+def test_finds_a_rotary_kernel_that_reads_row_zeros_positions():
+    """Liger-Kernel #461's bug in a patched Llama: hfpatch's positions are right, the kernel drops them;
+    the shadow sees it, warns once at the call site, and counts the rest."""
+    if arch_skip_reason("llama"):
+        pytest.skip(arch_skip_reason("llama"))
+    model = tiny_model("llama")
+    _row_zero_rotary(model)
+    ids = torch.randint(5, 60, (2, 5), generator=torch.Generator().manual_seed(0))
+    holes = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with hfpatch.shadow(rate=1.0) as report:
+            for _ in range(4):
+                first = model(input_ids=ids, attention_mask=holes, use_cache=True)
+                mask = torch.cat([holes, torch.ones(2, 2, dtype=holes.dtype)], 1)
+                model(input_ids=ids[:, :2], attention_mask=mask, past_key_values=first.past_key_values)
+    mismatches = [w for w in caught if issubclass(w.category, hfpatch.ShadowMismatch)]
+    assert report.mismatches >= 1 and report.worst > 0.1, report
+    assert len(mismatches) == 1, [str(w.message) for w in mismatches]  # once per model type and site
+    message = str(mismatches[0].message)
+    assert "LlamaModel (llama)" in message and "a cached prefix of 5 columns + 2 tokens" in message
+    assert mismatches[0].filename == __file__  # reported at the caller's line
+    assert hfpatch.status().shadow["mismatches"] >= report.mismatches
+
+
+def test_finds_stock_gpt2_wrong_with_left_padding():
+    if arch_skip_reason("gpt2"):
+        pytest.skip(arch_skip_reason("gpt2"))
+    model = tiny_model("gpt2")
+    ids = torch.randint(5, 60, (2, 5), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), hfpatch.unpatched(), pytest.warns(hfpatch.ShadowMismatch, match="one padded call"):
+        with hfpatch.shadow(rate=1.0, seed=1) as report:
+            for _ in range(4):
+                model(input_ids=ids, attention_mask=LEFT)
+    assert report.checked == 4 and 1 <= report.mismatches < 4  # row 1 has no pads: right on stock
+
+
+def test_rate_zero_checks_nothing_and_the_programs_random_state_is_untouched(model):
+    ids = torch.randint(5, 60, (2, 5), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        with hfpatch.shadow(rate=0.0) as report:
+            calls(model, ids)
+        assert report.checked == 0 and report.skipped == {}
+        torch_state, python_state = torch.random.get_rng_state(), random.getstate()
+        with hfpatch.shadow(rate=1.0) as report:
+            calls(model, ids)
+        assert report.checked == 4
+    assert torch.equal(torch.random.get_rng_state(), torch_state) and random.getstate() == python_state
+
+
+def test_a_cache_changed_outside_the_calls_is_let_go(model):
+    """Prompt reuse (a deep copy continued) and a cache reordered in place are not followed: no check
+    against a history the cache no longer has, so no false mismatch."""
+    ids = torch.randint(5, 60, (2, 5), generator=torch.Generator().manual_seed(0))
+    mask = torch.cat([RIGHT, torch.ones(2, 1, dtype=RIGHT.dtype)], 1)
+    with torch.no_grad(), hfpatch.shadow(rate=1.0) as report:
+        cache = model(input_ids=ids, attention_mask=RIGHT, use_cache=True).past_key_values
+        copied = copy.deepcopy(cache)
+        model(input_ids=ids[:, :1], attention_mask=mask, past_key_values=copied)  # not followed
+        if hasattr(cache, "reorder_cache"):
+            cache.reorder_cache(torch.tensor([1, 0]))  # rows swapped in place: the history is wrong now
+            model(input_ids=ids[:, :1], attention_mask=mask.flip(0), past_key_values=cache)
+    assert report.mismatches == 0, report
+    assert report.checked == 1 + (not hasattr(cache, "reorder_cache")), report  # the first call only
+
+
+@pytest.mark.parametrize("rate", [-0.1, 1.5, "all", True])
+def test_a_bad_rate_is_a_value_error_naming_it(rate):
+    with pytest.raises(ValueError, match="rate: expected a share of calls from 0 to 1"):
+        with hfpatch.shadow(rate=rate):
+            pass
+
+
+def test_hfpatch_shadow_variable_with_the_launcher():
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("HFPATCH_")}
+    run = [sys.executable, "-m", "hfpatch", "run", "--", sys.executable, "-c"]
+    bad = subprocess.run([*run, "pass"], env={**environ, "HFPATCH_SHADOW": "often"}, capture_output=True,
+                         text=True, timeout=300)  # fmt: skip
+    assert bad.returncode == 2 and bad.stderr.strip().endswith(
+        "hfpatch run: HFPATCH_SHADOW=often: expected a share of calls from 0 to 1"
+    ), bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
+    if arch_skip_reason("gpt2"):
+        pytest.skip(arch_skip_reason("gpt2"))
+    script = (
+        "import torch, hfpatch\n"
+        "from hfpatch.verification.tiny import tiny_model\n"
+        "model = tiny_model('gpt2')\n"
+        "with torch.no_grad():\n"
+        "    ids, mask = torch.tensor([[5, 6, 7], [8, 9, 10]]), torch.tensor([[0, 1, 1], [1, 1, 1]])\n"
+        "    model(input_ids=ids, attention_mask=mask)\n"
+        "print(dict(hfpatch.status().shadow))\n"
+    )  # fmt: skip
+    done = subprocess.run([*run, script], env={**environ, "HFPATCH_SHADOW": "1"}, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "'checked': 1, 'mismatches': 0" in done.stdout, done.stdout
+    assert "hfpatch shadow (process" in done.stderr and "1 rows checked, 0 mismatches" in done.stderr
