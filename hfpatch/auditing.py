@@ -73,27 +73,30 @@ class AuditReport:
 
 
 def table(data: dict[str, Any]) -> str:
-    """The short table ``hfpatch audit`` prints: one line per model type, then the call sites of wrong
-    calls, then what it could not judge."""
+    """The short table ``hfpatch audit`` prints: one line per model type, then one per call site of
+    wrong calls, then what it could not judge."""
     rows = [("model type", "calls", "wrong", "rows", "tokens", "worst shift", "patched")]
-    sites, unjudged = [], []
+    sites: dict[str, list[str]] = {}
+    unjudged = []
     for arch, entry in data.items():
         if entry.get("calls") is None:
             unjudged.append(f"{arch} ({next(iter(entry['not_judged']))})")
             continue
-        rows.append((arch, *(str(entry[name]) for name in ("calls", "affected", "rows", "tokens")),
-                     str(entry["worst_shift"]), str(entry["patched"])))  # fmt: skip
-        sites += [f"{site} ({arch}: {at['affected']} of {at['calls']} calls)"
-                  for site, at in entry["sites"].items() if at["affected"]]  # fmt: skip
+        counts = (entry[name] for name in ("calls", "affected", "rows", "tokens", "worst_shift", "patched"))
+        rows.append((arch, *map(str, counts)))
+        for site, at in entry["sites"].items():
+            if at["affected"]:
+                sites.setdefault(site, []).append(f"{arch} {at['affected']} of {at['calls']} calls")
         unjudged += [f"{arch}: {n} calls ({why})" for why, n in entry["not_judged"].items()]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["hfpatch audit: what stock transformers got wrong by positions (results unchanged)"]
-    lines += ["  ".join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths)))
-              for row in rows]  # fmt: skip
+    for row in rows:
+        lines.append(
+            "  ".join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+        )
     if len(rows) == 1:
         lines.append("no call of a model hfpatch patches was seen")
-    if sites:
-        lines.append("wrong calls from: " + "; ".join(sites))
+    lines += [f"wrong calls at {site}: {', '.join(found)}" for site, found in sites.items()]
     if unjudged:
         lines.append("not judged: " + "; ".join(unjudged))
     return "\n".join(lines)
