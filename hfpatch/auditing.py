@@ -7,7 +7,7 @@
 While an audit runs, the patched forward of every class hfpatch patches is installed but runs stock
 (unless ``apply()`` or a ``patched()`` block asks for the patch: such calls are counted as patched).
 Each outermost call is judged before it runs, from its arguments alone, by the rules hfpatch's families
-encode (:func:`hfpatch.positions.stock_wrong`): stock numbers the tokens by column; a token is wrong
+encode (:func:`hfpatch.positions.stock_error`): stock numbers the tokens by column; a token is wrong
 where that changes what it computes (any shift of absolute positions; a pad after the row's first real
 token for rotary positions and relative biases; sliding windows counted in columns; rope scaled by the
 batch's length instead of the row's). Calls it cannot judge (a 4-D mask, a static cache, attention

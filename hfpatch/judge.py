@@ -1,6 +1,6 @@
 """The audit's judgement of one call (:mod:`hfpatch.auditing`): what stock transformers gets wrong in
 it by positions, read from its arguments before it runs, by the rules hfpatch's families encode
-(:func:`hfpatch.positions.stock_wrong`), and where it was called from."""
+(:func:`hfpatch.positions.stock_error`), and where it was called from."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 
 from .caches import capacity, past_length
 from .declarations import PADDED_TABLE, SINUSOID, TABLE
-from .positions import stock_wrong
+from .positions import stock_error
 from .rope import DYNAMIC, scaled_rope
 from .windows import CHUNKED, _layer_types, _text_config, _window_of
 
@@ -36,15 +36,16 @@ class Watcher:
         try:
             self.observe(seen)
         except Exception as exc:  # noqa: BLE001 - an audit must never break the run
-            self._count(seen, None, f"the audit failed: {type(exc).__name__}")
+            self._count(seen, seen.adapter.arch, None, f"the audit failed: {type(exc).__name__}")
         return call()
 
     def observe(self, seen: Any) -> None:
-        verdict = _judge(seen, self._facts(seen))
+        facts = self._facts(seen)
+        verdict = _judge(seen, facts)
         if isinstance(verdict, str):
-            self._count(seen, None, verdict)
+            self._count(seen, facts.arch, None, verdict)
         else:
-            self._count(seen, verdict, None)
+            self._count(seen, facts.arch, verdict, None)
 
     def _facts(self, seen: Any) -> _Facts:
         model = seen.model
@@ -53,8 +54,7 @@ class Watcher:
             facts = self.facts[model] = _Facts(model, seen.adapter)
         return facts
 
-    def _count(self, seen: Any, stats: Optional[list[int]], unjudged: Optional[str]) -> None:
-        arch = getattr(getattr(seen.model, "config", None), "model_type", None) or seen.adapter.arch
+    def _count(self, seen: Any, arch: str, stats: Optional[list[int]], unjudged: Optional[str]) -> None:
         site = call_site()[0]
         report = self.report
         with report._lock:
@@ -80,6 +80,7 @@ class _Facts:
     scaled by length (kind, original context), or why its calls cannot be judged."""
 
     def __init__(self, model: Any, adapter: Any) -> None:
+        self.arch = getattr(getattr(model, "config", None), "model_type", None) or adapter.arch
         family = adapter.family
         self.relative = not family.name.startswith("absolute") and family.hands_to not in ABSOLUTE_HANDS_TO
         self.unjudged: Optional[str] = None
@@ -118,19 +119,23 @@ def _judge(seen: Any, facts: _Facts) -> Any:
     num_new, length = tokens.shape[1], mask.shape[1]
     if past_length(cache) + num_new != length:
         return "a mask that is not past + new tokens long"
-    wrong = stock_wrong(mask, num_new, facts.relative, facts.windows)
-    real = mask != 0
-    if facts.scaled is not None:
+    error = stock_error(mask, num_new, facts.relative, facts.windows)
+    if facts.scaled is not None:  # a row scaled otherwise than alone: wrong at every token (shift >= 1)
         kind, original = facts.scaled
-        own = real.sum(-1)
+        own = (mask != 0).sum(-1)
         if kind == DYNAMIC:
-            scaled_rows = (own != length) & (own.clamp(min=length) > original)
+            rows = (own != length) & (own.clamp(min=length) > original)
         else:
-            scaled_rows = (own > original) != (length > original)
-        wrong = wrong | (scaled_rows[:, None] & real[:, length - num_new :])
-    shift = torch.arange(length, device=mask.device) + 1 - real.cumsum(-1)
-    worst = torch.where(wrong, shift[:, length - num_new :], 0).max()
-    return torch.stack([wrong.any(-1).sum(), wrong.sum(), worst]).tolist()
+            rows = (own > original) != (length > original)
+        error = torch.where(rows[:, None] & (mask[:, length - num_new :] != 0), error.clamp(min=1), error)
+    if num_new == 1:  # a decode step: one value per row, read at once
+        per_row = error.view(-1).tolist()
+        worst = max(per_row, default=0)
+        per_row = [1 if v else 0 for v in per_row]
+    else:
+        per_row, worst = (error > 0).sum(-1).tolist(), int(error.max())
+    tokens = sum(per_row)
+    return [len(per_row) - per_row.count(0), tokens, worst] if tokens else [0, 0, 0]
 
 
 def call_site() -> tuple[str, Any]:
@@ -142,7 +147,14 @@ def call_site() -> tuple[str, Any]:
     if frame is None:
         return "?", None
     path = frame.f_code.co_filename
-    with contextlib.suppress(ValueError):
-        relative = os.path.relpath(path)
-        path = path if relative.startswith("..") else relative
-    return f"{path}:{frame.f_lineno}", frame
+    shown = _SHOWN.get(path)
+    if shown is None:
+        shown = path
+        with contextlib.suppress(ValueError):
+            relative = os.path.relpath(path)
+            shown = path if relative.startswith("..") else relative
+        _SHOWN[path] = shown
+    return f"{shown}:{frame.f_lineno}", frame
+
+
+_SHOWN: dict[str, str] = {}  # a file's path as a call site shows it (the working directory of its first call)

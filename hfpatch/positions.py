@@ -27,7 +27,7 @@ __all__ = [
     "new_token_positions",
     "positions_from_mask",
     "static_fill_level",
-    "stock_wrong",
+    "stock_error",
     "window_mask",
 ]
 
@@ -197,15 +197,16 @@ def static_fill_level(keys: torch.Tensor) -> torch.Tensor:
     return (used.long() * slot_numbers).amax() if used.shape[0] else slot_numbers.sum()  # empty: 0
 
 
-def stock_wrong(
+def stock_error(
     attention_mask: torch.Tensor,
     num_new: int,
     relative: bool,
     windows: Sequence[Optional[int]] = (),
 ) -> torch.Tensor:
     """Which real tokens of a call get other outputs on stock transformers than from positions by the
-    mask. Stock numbers the tokens by column (``arange(past, past + new)``), as it did in every earlier
-    call of the cache; the reference numbers them as the row run alone, unpadded.
+    mask, and how far their stock positions are off. Stock numbers the tokens by column
+    (``arange(past, past + new)``), as it did in every earlier call of the cache; the reference numbers
+    them as the row run alone, unpadded.
 
     Args:
         attention_mask: ``[batch, past + new]``; the call's tokens are its last ``num_new`` columns.
@@ -217,17 +218,28 @@ def stock_wrong(
             distances differ, or one of them is wrong (errors travel from layer to layer).
 
     Returns:
-        ``[batch, num_new]`` bool, False at pads. Eager code (it loops over the layers).
+        ``[batch, num_new]`` int64: 0 where stock is right (and at pads), else the pads before the token
+        in its row (its stock position's shift). Eager code (with windows it loops over the layers).
 
     Example:
         A right-padded prefix ``[a b <pad>]`` continued by ``c``: wrong for both kinds of positions.
 
-        >>> stock_wrong(torch.tensor([[1, 1, 0, 1], [1, 1, 1, 1]]), 1, relative=True)
-        tensor([[ True],
-                [False]])
+        >>> stock_error(torch.tensor([[1, 1, 0, 1], [1, 1, 1, 1]]), 1, relative=True)
+        tensor([[1],
+                [0]])
     """
     real = attention_mask != 0
     length = real.shape[-1]
+    start = length - num_new
+    if all(window is None or window >= length for window in windows):  # every key in every window
+        if num_new == 1:  # a decode step: the pads of the whole row
+            pads = length - real.sum(-1, keepdim=True)
+        else:  # pads up to each token
+            pads = torch.arange(start + 1, length + 1, device=real.device) - real.cumsum(-1)[:, start:]
+        if not relative:
+            return pads * real[:, start:]
+        # the row's leading pads (the index of its first real token) shift it all alike
+        return pads * ((pads > real.int().argmax(-1, keepdim=True)) & real[:, start:])
     counts = real.cumsum(-1)  # real tokens in columns [0, t]
     columns = torch.arange(length, device=real.device)
     pads_before = columns + 1 - counts  # pads in columns [0, t]
@@ -240,8 +252,8 @@ def stock_wrong(
     for window in kinds:
         size = length if window is None else min(window, length)
         seen_ref = counts.clamp(max=size)  # the last `size` real tokens up to t
-        start = (columns - size + 1).clamp_(min=0).expand_as(counts)
-        seen_stock = counts - (counts - real.long()).gather(-1, start)  # real tokens in columns (t-size, t]
+        lowest = (columns - size + 1).clamp_(min=0).expand_as(counts)
+        seen_stock = counts - (counts - real.long()).gather(-1, lowest)  # real tokens in columns (t-size, t]
         first = torch.searchsorted(counts, (counts - seen_ref + 1).contiguous()).clamp_(max=length - 1)
         differs = seen_stock != seen_ref
         if relative:  # a pad between the first key seen and t: distances differ
@@ -253,4 +265,4 @@ def stock_wrong(
         state = after
         if unchanged >= len(set(kinds)):
             break
-    return state[:, length - num_new :]
+    return pads_before[:, start:] * state[:, start:]  # a wrong token has a pad before it

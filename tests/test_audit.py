@@ -1,6 +1,6 @@
 """hfpatch audit: a run's results stay stock's, bit for bit, and its counts are what each row run alone
 says (the truth is computed here, from stock logits and each row alone, without hfpatch's harness);
-the rule it counts by (positions.stock_wrong) matches every token of random padded, cached calls."""
+the rule it counts by (positions.stock_error) matches every token of random padded, cached calls."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import torch
 from packaging.version import Version
 
 import hfpatch
-from hfpatch.positions import stock_wrong
+from hfpatch.positions import stock_error
 from hfpatch.support import NEWEST_TESTED
 
 from conftest import TF, arch_skip_reason
@@ -105,7 +105,7 @@ def _random_chain(generator: torch.Generator, batch: int = 3) -> list[torch.Tens
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama", "mistral"])
 def test_the_rule_matches_every_token_of_random_padded_cached_calls(arch):
-    """stock_wrong's verdict for each real token of each call equals the stock logits against the row
+    """stock_error's verdict for each real token of each call equals the stock logits against the row
     alone: 12 random chains of cached calls (windows of 3 for Mistral)."""
     _need(arch)
     model = audit_script.models()[arch]
@@ -123,7 +123,7 @@ def test_the_rule_matches_every_token_of_random_padded_cached_calls(arch):
                 out = model(input_ids=tokens, attention_mask=mask, past_key_values=cache, use_cache=True)
                 cache = out.past_key_values
                 truth_ = wrong_tokens(model, ids, mask, new.shape[1], out.logits)
-                predicted = stock_wrong(mask, new.shape[1], relative, windows)
+                predicted = stock_error(mask, new.shape[1], relative, windows) > 0
                 assert torch.equal(predicted, truth_), (mask, predicted, truth_)
                 checked += int((new != 0).sum())
                 wrong_seen += int(truth_.sum())
