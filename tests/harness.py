@@ -7,7 +7,10 @@ Reference: the same row run alone, unpadded, in one call, on stock transformers.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import functools
+import inspect
+from collections.abc import Iterator, Sequence
 from typing import Any, Optional
 
 import torch
@@ -195,3 +198,26 @@ def measure():
     return {{"pid": os.getpid(), "error": error, "applied_by": hfpatch.status().applied_by}}
 """
     )
+
+
+@contextlib.contextmanager
+def rotary_reading_row_zero(model: Any) -> Iterator[None]:
+    """A fused rotary kernel's bug (Liger-Kernel #461) put into ``model``'s rotary embeddings, on the
+    instances, for the block: every row gets row 0's positions. Skips where the rotary embedding takes
+    no ``position_ids`` (before 4.38: it takes a length)."""
+    import pytest
+
+    found = [m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding")]
+    if not found or "position_ids" not in inspect.signature(found[0].forward).parameters:
+        pytest.skip(f"{type(model).__name__}'s rotary embedding takes no position_ids here")
+
+    def row_zero(forward: Any, x: Any, position_ids: Any, *args: Any, **kwargs: Any) -> Any:
+        return forward(x, position_ids[:1].expand_as(position_ids), *args, **kwargs)
+
+    for module in found:
+        module.forward = functools.partial(row_zero, module.forward)
+    try:
+        yield
+    finally:
+        for module in found:
+            del module.forward

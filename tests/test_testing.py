@@ -14,11 +14,13 @@ import torch
 from hypothesis import given, settings
 
 import hfpatch
+from hfpatch.caches import past_length
 from hfpatch.testing import assert_padding_invariant, tolerance_for
 from hfpatch.testing.strategies import scenarios
 from hfpatch.verification.tiny import VOCAB, tiny_model
 
 from conftest import arch_skip_reason
+from harness import rotary_reading_row_zero
 
 ROTARY, ABSOLUTE = "llama", "gpt2"
 
@@ -56,14 +58,8 @@ def test_raises_on_a_rotary_kernel_that_reads_row_zeros_positions():
     if arch_skip_reason(ROTARY):
         pytest.skip(arch_skip_reason(ROTARY))
     model = tiny_model(ROTARY)
-    rotary = model.base_model.rotary_emb
-    forward = rotary.forward
-    rotary.forward = lambda x, position_ids, *a, **k: forward(
-        x, position_ids[:1].expand_as(position_ids), *a, **k
-    )
-    with pytest.raises(AssertionError, match="padding invariance broken"):
+    with rotary_reading_row_zero(model), pytest.raises(AssertionError, match="padding invariance broken"):
         assert_padding_invariant(model)
-    del rotary.forward
     assert assert_padding_invariant(model).ok
 
 
@@ -75,7 +71,7 @@ def test_raises_on_a_loop_that_numbers_tokens_by_arange():
     model = tiny_model(ABSOLUTE)
 
     def arange_positions(input_ids, attention_mask=None, past_key_values=None, **kwargs):
-        past = past_key_values.get_seq_length() if past_key_values is not None else 0
+        past = past_length(past_key_values)  # a Cache object, or a legacy tuple (4.x)
         positions = torch.arange(past, past + input_ids.shape[1]).expand(input_ids.shape[0], -1)
         return model(input_ids=input_ids, attention_mask=attention_mask, past_key_values=past_key_values,
                      position_ids=positions, **kwargs)  # fmt: skip
