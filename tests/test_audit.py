@@ -150,15 +150,15 @@ def test_in_process_audit_counts_patched_calls_and_says_what_it_cannot_judge():
     model = tiny_model("gpt2")
     ids = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
     left = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
+    static = None
+    if static_cache_skip_reason(model) is None:  # (it calls the model: before the audit)
+        with contextlib.suppress(AttributeError, TypeError):  # no StaticCache for GPT-2 before 4.52
+            static = new_static_cache(model, 2, 8)
     with torch.no_grad():
         before = model(input_ids=ids, attention_mask=left).logits
         with hfpatch.audit() as report:
             during = model(input_ids=ids, attention_mask=left).logits  # patched: apply() holds
             model(input_ids=ids, attention_mask=left, position_ids=torch.arange(4).expand(2, -1))
-            static = None
-            if static_cache_skip_reason(model) is None:
-                with contextlib.suppress(AttributeError, TypeError):  # no StaticCache for GPT-2 before 4.52
-                    static = new_static_cache(model, 2, 8)
             if static is not None:
                 model(input_ids=ids, attention_mask=torch.cat([left, torch.zeros(2, 4, dtype=left.dtype)], 1),
                       past_key_values=static, use_cache=True)  # fmt: skip

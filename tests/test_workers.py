@@ -99,3 +99,15 @@ def test_hfpatch_workers_after_import_hfpatch():
     code = "import hfpatch; print(hfpatch.workers.ray_runtime_env()['worker_process_setup_hook'])"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.stdout.split() == [workers.SETUP_HOOK], done.stderr[-2000:]
+
+
+def test_runtime_env_carries_the_shadow_rate_and_the_audit_folder(fresh_record, monkeypatch, tmp_path):
+    """Ray workers of `hfpatch audit` and of HFPATCH_SHADOW get the driver's variables (theirs win)."""
+    monkeypatch.setenv("HFPATCH_SHADOW", "0.5")
+    monkeypatch.setenv("HFPATCH_AUDIT", str(tmp_path))
+    env_vars = workers.ray_runtime_env(None)["env_vars"]
+    assert env_vars == {"HFPATCH_SHADOW": "0.5", "HFPATCH_AUDIT": str(tmp_path)}
+    ours = workers.ray_runtime_env({"env_vars": {"HFPATCH_SHADOW": "0.01"}})["env_vars"]
+    assert ours["HFPATCH_SHADOW"] == "0.01"
+    with pytest.raises(ValueError, match=r"^HFPATCH_SHADOW=lots: expected a share of calls"):
+        workers.ray_runtime_env({"env_vars": {"HFPATCH_SHADOW": "lots"}})
