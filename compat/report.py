@@ -34,6 +34,7 @@ from expectations import (  # noqa: E402
     FAILURE_KINDS,
     FLAGSHIPS,
     NOT_BUILDABLE,
+    NOT_PATCHED,
     STOCK_FAILS,
     STOCK_RIGHT,
     WRONG_WITH_POSITIONS,
@@ -111,7 +112,7 @@ def probe_verdict(runs: dict) -> str:
 
 # a failing cell's reason, the first its tests found of: the patch is not applied there (so every
 # scenario is wrong), stock raises, nothing could be measured, stock is right, hfpatch is wrong
-CELL_REASONS = (CLASS_DIFFERS, STOCK_FAILS, NOT_BUILDABLE, STOCK_RIGHT, WRONG_WITH_POSITIONS)
+CELL_REASONS = (CLASS_DIFFERS, NOT_PATCHED, STOCK_FAILS, NOT_BUILDABLE, STOCK_RIGHT, WRONG_WITH_POSITIONS)
 assert set(CELL_REASONS) == set(FAILURE_KINDS)
 
 

@@ -55,7 +55,21 @@ STOCK_FAILS = "a scenario fails on stock too"  # transformers raises there, with
 STOCK_RIGHT = "right on stock there"  # nothing to patch
 CLASS_DIFFERS = "class differs"  # the release's class is not the one hfpatch patches (or the patch raises)
 NOT_BUILDABLE = "tiny model does not run"  # failed before anything was measured
-FAILURE_KINDS = (WRONG_WITH_POSITIONS, STOCK_FAILS, STOCK_RIGHT, CLASS_DIFFERS, NOT_BUILDABLE)
-ABSENT = "absent"  # skipped: the release does not ship the model type
+# a model outside transformers' classes (tests/test_custom_models.py) that hfpatch left stock where it
+# should patch it: not recognised, or its check on a tiny copy refused it (status() says why)
+NOT_PATCHED = "not patched"
+FAILURE_KINDS = (WRONG_WITH_POSITIONS, STOCK_FAILS, STOCK_RIGHT, CLASS_DIFFERS, NOT_BUILDABLE, NOT_PATCHED)
+ABSENT = "absent"  # skipped: the release does not ship the model type (for a custom copy: nothing to copy)
 OUTSIDE = "outside"  # skipped: outside the declared range (the probe patches it with --outside-ranges)
 SKIPPED = "skipped"  # skipped for another reason (its message says)
+
+# Models outside transformers' classes (tests/test_custom_models.py), probe type CUSTOM + their kind
+# (custom-llama, custom-from-scratch, ...): what they record besides the kinds above
+CUSTOM = "custom-"
+LEFT_ALONE = "left alone"  # passed: a model hfpatch must not patch is not patched, its results stock's
+PASS_KINDS = (EXACT, LEFT_ALONE)
+NO_CACHE_CLASS = "no DynamicCache"  # skipped: the from-scratch model uses transformers.DynamicCache (4.36+)
+NOT_REMOTE_CODE = (
+    "not loadable as remote code"  # skipped: transformers refuses the copy's file, hfpatch or not
+)
+CUSTOM_SKIP_KINDS = (ABSENT, NO_CACHE_CLASS, NOT_REMOTE_CODE, SKIPPED)

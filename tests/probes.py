@@ -5,14 +5,18 @@ JUnit properties. compat/evidence.py reads only these (no test names, no message
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NoReturn, Optional
+
+import pytest
 
 import hfpatch
 
 from expectations import (
     CLASS_DIFFERS,
+    CUSTOM,
     EXACT,
     NOT_BUILDABLE,
+    NOT_PATCHED,
     SKIPPED,
     STOCK_FAILS,
     STOCK_RIGHT,
@@ -30,6 +34,13 @@ class Probe:
 
     def of(self, model_type: str, attention: str = "eager") -> None:
         self.node.user_properties += [("probe_type", model_type), ("attention", attention)]
+
+    def of_custom(self, kind: str, how: str) -> None:
+        """A model outside transformers' classes (tests/test_custom_models.py): probe type ``custom-KIND``,
+        the attention the release picks by default (``default``), and how it was made (``how``:
+        registered, remote code, defined in the program)."""
+        self.of(custom_type(kind), "default")
+        self.node.user_properties.append(("how", how))
 
     def found(self, kind: str, stock: float = math.nan, hfpatch: float = math.nan) -> None:
         if self.kind is not None:
@@ -54,6 +65,37 @@ class Probe:
         """At teardown: a test that ended without a verdict failed before measuring, or skipped."""
         if self.kind is None and report is not None:
             self.found(NOT_BUILDABLE if report.failed else SKIPPED if report.skipped else EXACT)
+
+
+def custom_type(kind: str) -> str:
+    """The probe type of a custom model's kind: ``custom-llama``, ``custom-from-scratch``."""
+    return CUSTOM + kind.replace(" ", "-")
+
+
+def skip(probe: Optional[Probe], kind: str, reason: str) -> NoReturn:
+    """``pytest.skip(reason)``, recording ``kind`` (why, in the probe's words) where the test probes."""
+    if probe is not None:
+        probe.found(kind)
+    pytest.skip(reason)
+
+
+def judge_custom(probe: Probe, sides: list[tuple[float, float]], patched_here: bool, result: Any) -> None:
+    """The verdict of a custom model's test: ``sides``, (hfpatch, stock) max|diff| against each row alone
+    per scenario; ``patched_here``: hfpatch recognised classes of the model and applied them all;
+    ``result``: ``hfpatch.verify(model)``. Not patched where it should be, wrong with the positions, right
+    on stock (nothing checked), then verify's own verdict; else exact."""
+    patched = max(p for p, _ in sides)
+    on_stock = max(s for _, s in sides)
+    if not patched_here or not result.patches:
+        probe.found(NOT_PATCHED, on_stock, patched)
+    elif patched > TOLERANCE or on_stock <= WRONG:
+        probe.judge(patched, on_stock, stock_wrong_expected=True)
+    elif not result.ok:  # a row of verify's wrong, or raising: its verdict, with its numbers
+        if result.rows:
+            judge_verification(probe, result, stock_wrong_expected=True)
+        probe.found(NOT_BUILDABLE)  # (verify ran no scenario)
+    else:
+        probe.found(EXACT, on_stock, patched)
 
 
 def both_sides(probe: Probe, run: Callable[[], float], stock_raises: tuple = ()) -> tuple[float, float]:

@@ -4,7 +4,12 @@ from a checkpoint directory with ``trust_remote_code=True``, and a causal LM wri
 is exact with hfpatch for left padding, a right-padded cached prefix + 1 token and holes, against each
 row run alone on stock transformers (the tests' own harness, not ``verify``), with ``apply()`` called
 before the classes exist (they are patched when defined) or after the model is built; ``status()``
-lists them and ``verify(model).ok``. A model whose positions mean something else is left alone."""
+lists them and ``verify(model).ok``. A model whose positions mean something else is left alone.
+
+The release probe runs this file (compat/probe_matrix.sh): its probe tests record the custom kind
+(``custom-llama``, ``custom-from-scratch``, ...), how the model was made, and what they found
+(tests/probes.py), skips included (the release has no such model to copy, no DynamicCache, or
+transformers refuses the copy as remote code)."""
 
 from __future__ import annotations
 
@@ -13,11 +18,20 @@ import json
 import custom_models
 import pytest
 import torch
+from probes import both_sides, judge_custom, skip
 
 import hfpatch
 from hfpatch.engine import custom_adapter
 
 from conftest import TF, stock
+from expectations import (
+    ABSENT,
+    CLASS_DIFFERS,
+    LEFT_ALONE,
+    NO_CACHE_CLASS,
+    NOT_REMOTE_CODE,
+    WRONG_WITH_POSITIONS,
+)
 from harness import TOLERANCE, WRONG, max_diff, random_rows, run_padded
 
 CASES = {  # chunks, left: rows of 5 and 3 tokens
@@ -31,14 +45,15 @@ QUICK = {"llama", "from scratch"}
 PARAMS = [pytest.param(kind, marks=() if kind in QUICK else pytest.mark.slow) for kind in KINDS]
 
 
-def _classes(kind: str, root) -> tuple[type, type, str]:
-    """(the config class, the causal-LM class, the model type) of a copy imported from ``root``."""
+def _classes(kind: str, root, probe=None) -> tuple[type, type, str]:
+    """(the config class, the causal-LM class, the model type) of a copy imported from ``root``;
+    ``probe``: the test's record, where it probes (why it skips)."""
     import importlib.util
 
     if kind == "from scratch":
-        _needs_the_cache_api()
+        _needs_the_cache_api(probe)
     if kind != "from scratch" and importlib.util.find_spec(f"transformers.models.{kind}") is None:
-        pytest.skip(f"transformers {TF} has no {kind} to copy")
+        skip(probe, ABSENT, f"transformers {TF} has no {kind} to copy")
     if kind == "from scratch":
         module, model_type = custom_models.import_scratch(root)
         return module.ScratchConfig, module.ScratchLM, model_type
@@ -53,13 +68,13 @@ def _config(config_class: type, kind: str):
     return custom_models.tiny(config_class)
 
 
-def _registered(kind: str, root, apply_first: bool):
+def _registered(kind: str, root, apply_first: bool, probe=None):
     """A model of a renamed copy registered through the Auto classes, built with from_config."""
     import transformers
 
     if not apply_first:
         hfpatch.revert()
-    config_class, causal, model_type = _classes(kind, root)
+    config_class, causal, model_type = _classes(kind, root, probe)
     transformers.AutoConfig.register(model_type, config_class)
     transformers.AutoModelForCausalLM.register(config_class, causal)
     torch.manual_seed(0)
@@ -69,14 +84,14 @@ def _registered(kind: str, root, apply_first: bool):
     return model, model_type
 
 
-def _remote_code(kind: str, root, apply_first: bool):
+def _remote_code(kind: str, root, apply_first: bool, probe=None):
     """A model loaded from a checkpoint directory that carries its own code (``auto_map``), with
     ``trust_remote_code=True``: transformers imports that code as a module of its own."""
     import transformers
 
     if not apply_first:
         hfpatch.revert()
-    config_class, causal, model_type = _classes(kind, root / "source")
+    config_class, causal, model_type = _classes(kind, root / "source", probe)
     checkpoint = root / "checkpoint"
     model = custom_models.built(causal, _config(config_class, kind))
     module = causal.__module__.rsplit(".", 1)[-1]
@@ -93,7 +108,11 @@ def _remote_code(kind: str, root, apply_first: bool):
     try:
         loaded = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, trust_remote_code=True)
     except ImportError as exc:  # its check of the file's imports (flash_attn in a try block, 4.40)
-        pytest.skip(f"transformers {TF} cannot load this copy as remote code, hfpatch or not: {exc}")
+        skip(
+            probe,
+            NOT_REMOTE_CODE,
+            f"transformers {TF} cannot load this copy as remote code, hfpatch or not: {exc}",
+        )
     loaded = loaded.float().eval()
     assert (
         type(loaded) is not causal and type(loaded).__name__ == causal.__name__
@@ -106,20 +125,25 @@ def _remote_code(kind: str, root, apply_first: bool):
 @pytest.mark.parametrize("apply_first", [True, False], ids=["apply before", "apply after"])
 @pytest.mark.parametrize("how", ["registered", "remote code"])
 @pytest.mark.parametrize("kind", PARAMS)
-def test_custom_model_rows_equal_themselves_alone(kind, how, apply_first, tmp_path):
+def test_custom_model_rows_equal_themselves_alone(kind, how, apply_first, tmp_path, probe):
+    probe.of_custom(kind, how)
     make = _registered if how == "registered" else _remote_code
-    model, _ = make(kind, tmp_path, apply_first)
-    stock_errors = []
+    model, _ = make(kind, tmp_path, apply_first, probe)
+    sides = {}  # scenario: (hfpatch, stock), each against the rows run alone
     for name, (chunks, left) in CASES.items():
-        got = run_padded(model, ROWS, chunks, left)
-        assert max_diff(model, ROWS, got) <= TOLERANCE, name
-        with stock():
-            stock_errors.append(max_diff(model, ROWS, run_padded(model, ROWS, chunks, left)))
-    assert max(stock_errors) > WRONG, "stock transformers is right: nothing was checked"
+        sides[name] = both_sides(probe, lambda: max_diff(model, ROWS, run_padded(model, ROWS, chunks, left)))  # noqa: B023
     adapters = {custom_adapter(type(module)) for module in model.modules()} - {None}
-    assert adapters, "no class of the model was recognised"
-    assert all(hfpatch.status()[adapter.arch].state == "applied" for adapter in adapters)
+    states = {adapter.arch: hfpatch.status()[adapter.arch] for adapter in adapters}
     result = hfpatch.verify(model)
+    applied = bool(adapters) and all(entry.state == "applied" for entry in states.values())
+    judge_custom(probe, list(sides.values()), applied, result)
+    for name, (patched, on_stock) in sides.items():
+        assert patched <= TOLERANCE, f"{name}: hfpatch {patched:.2g}, stock {on_stock:.2g}; {states}"
+    assert max(on_stock for _, on_stock in sides.values()) > WRONG, (
+        "stock transformers is right: nothing was checked"
+    )
+    assert adapters, "no class of the model was recognised"
+    assert all(entry.state == "applied" for entry in states.values()), states
     assert result.ok and result.patches, str(result)
 
 
@@ -149,35 +173,47 @@ OFFSET_FROM_MASK = """
 """
 
 
-def _needs_the_cache_api() -> None:
+def _needs_the_cache_api(probe=None) -> None:
     import transformers
 
     if not hasattr(transformers, "DynamicCache"):
-        pytest.skip(f"the from-scratch model uses transformers' DynamicCache (not in {TF})")
+        skip(probe, NO_CACHE_CLASS, f"the from-scratch model uses transformers' DynamicCache (not in {TF})")
 
 
-def test_a_model_whose_positions_mean_something_else_is_left_alone(tmp_path):
+def test_a_model_whose_positions_mean_something_else_is_left_alone(tmp_path, probe):
     """A from-scratch model that counts its positions from the mask from 1 (an offset table): stock is
     right; hfpatch's check on a tiny copy finds positions from 0 wrong, so it is not patched, status()
-    says why, and its results are stock's bit for bit."""
-    _needs_the_cache_api()
+    says why, and its results are stock's bit for bit. (The probe records, besides, the scenarios'
+    max|diff| against each row alone, stock and with hfpatch: right on both.)"""
+    probe.of_custom("offset positions", "defined in the program")
+    _needs_the_cache_api(probe)
     source = custom_models.FROM_SCRATCH.replace(OFFSET_POSITIONS, OFFSET_FROM_MASK)
     assert source != custom_models.FROM_SCRATCH
     module, model_type = custom_models.import_scratch(tmp_path, source)
     model = custom_models.built(module.ScratchLM, module.ScratchConfig(initializer_range=0.1))
     entry = hfpatch.status()[model_type]
-    assert entry.state == "skipped" and "not exact with hfpatch" in entry.reason, entry
     ids, mask = torch.tensor([[0, 0, 5, 6, 7]]), torch.tensor([[0, 0, 1, 1, 1]])
     with torch.no_grad():
         got = model(input_ids=ids, attention_mask=mask).logits
         with stock():
             expected = model(input_ids=ids, attention_mask=mask).logits
+    sides = [
+        both_sides(probe, lambda: max_diff(model, ROWS, run_padded(model, ROWS, chunks, left)))  # noqa: B023
+        for chunks, left in CASES.values()
+    ]
+    patches = hfpatch.verify(model).patches
+    refused = entry.state == "skipped" and "not exact with hfpatch" in entry.reason
+    same = torch.equal(got, expected)
+    kind = LEFT_ALONE if refused and same and not patches else CLASS_DIFFERS if same else WRONG_WITH_POSITIONS
+    probe.found(kind, max(s for _, s in sides), max(p for p, _ in sides))
+    assert entry.state == "skipped" and "not exact with hfpatch" in entry.reason, entry
     assert torch.equal(got, expected)
-    assert not hfpatch.verify(model).patches
+    assert not patches
 
 
-def test_a_decoder_without_position_ids_is_listed_and_left_alone(tmp_path):
-    _needs_the_cache_api()
+def test_a_decoder_without_position_ids_is_listed_and_left_alone(tmp_path, probe):
+    probe.of_custom("no position_ids", "defined in the program")
+    _needs_the_cache_api(probe)
     positions = "position_ids = torch.arange(past, past + x.shape[1], device=x.device)[None]"
     source = custom_models.FROM_SCRATCH.replace("position_ids=None, ", "").replace(
         OFFSET_POSITIONS, f"\n        {positions}\n"
@@ -185,6 +221,8 @@ def test_a_decoder_without_position_ids_is_listed_and_left_alone(tmp_path):
     assert "position_ids=None" not in source and "position_ids is None" not in source
     _, model_type = custom_models.import_scratch(tmp_path, source)
     entry = hfpatch.status()[model_type]
+    listed = entry.state == "not covered" and "takes no position_ids" in entry.reason
+    probe.found(LEFT_ALONE if listed else CLASS_DIFFERS)
     assert entry.state == "not covered" and "takes no position_ids" in entry.reason, entry
 
 
