@@ -26,11 +26,13 @@ COPIES = {"gpt2": ("gpt2", "GPT2"), "llama": ("llama", "Llama"), "qwen2": ("qwen
 def _rewritten(source: str, prefix: str, new_prefix: str, package: str, new_package: str) -> str:
     """A transformers modeling or configuration file as a package of its own: absolute imports of
     transformers, every class of ``prefix`` renamed, its own model type."""
-    source = re.sub(r"^from \.\.\. import", "from transformers import", source, flags=re.M)
-    source = re.sub(r"^from \.\.\.(\w)", r"from transformers.\1", source, flags=re.M)
-    source = re.sub(r"^from \.\.(\w)", r"from transformers.models.\1", source, flags=re.M)
-    source = re.sub(rf"^from \.configuration_{package} import", f"from .configuration_{new_package} import",
-                    source, flags=re.M)  # fmt: skip
+    # (indented ones too: the imports inside ``if is_flash_attn_2_available():`` and the like, which
+    # transformers' remote-code loader reads wherever they stand)
+    source = re.sub(r"^([ \t]*)from \.\.\. import", r"\1from transformers import", source, flags=re.M)
+    source = re.sub(r"^([ \t]*)from \.\.\.(\w)", r"\1from transformers.\2", source, flags=re.M)
+    source = re.sub(r"^([ \t]*)from \.\.(\w)", r"\1from transformers.models.\2", source, flags=re.M)
+    source = re.sub(rf"^([ \t]*)from \.configuration_{package} import",
+                    rf"\1from .configuration_{new_package} import", source, flags=re.M)  # fmt: skip
     source = re.sub(rf"\b{prefix}(?=[A-Z])", new_prefix, source)  # classes (not constants: GPT2_...)
     return re.sub(rf"model_type = \"{package}\"", f'model_type = "{new_package}"', source)
 

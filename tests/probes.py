@@ -79,17 +79,22 @@ def skip(probe: Optional[Probe], kind: str, reason: str) -> NoReturn:
     pytest.skip(reason)
 
 
-def judge_custom(probe: Probe, sides: list[tuple[float, float]], patched_here: bool, result: Any) -> None:
+def judge_custom(
+    probe: Probe, sides: list[tuple[float, float]], patched_here: bool, result: Any = None
+) -> None:
     """The verdict of a custom model's test: ``sides``, (hfpatch, stock) max|diff| against each row alone
     per scenario; ``patched_here``: hfpatch recognised classes of the model and applied them all;
-    ``result``: ``hfpatch.verify(model)``. Not patched where it should be, wrong with the positions, right
-    on stock (nothing checked), then verify's own verdict; else exact."""
+    ``result``: ``hfpatch.verify(model)`` (None: the test's own measurements only, a verdict only where
+    they find something wrong). Not patched where it should be, wrong with the positions, right on stock
+    (nothing checked), then verify's own verdict; else exact."""
     patched = max(p for p, _ in sides)
     on_stock = max(s for _, s in sides)
-    if not patched_here or not result.patches:
+    if not patched_here or (result is not None and not result.patches):
         probe.found(NOT_PATCHED, on_stock, patched)
     elif patched > TOLERANCE or on_stock <= WRONG:
         probe.judge(patched, on_stock, stock_wrong_expected=True)
+    elif result is None:
+        return
     elif not result.ok:  # a row of verify's wrong, or raising: its verdict, with its numbers
         if result.rows:
             judge_verification(probe, result, stock_wrong_expected=True)

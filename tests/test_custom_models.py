@@ -113,6 +113,10 @@ def _remote_code(kind: str, root, apply_first: bool, probe=None):
             NOT_REMOTE_CODE,
             f"transformers {TF} cannot load this copy as remote code, hfpatch or not: {exc}",
         )
+    unloaded = [name for name, parameter in loaded.named_parameters() if parameter.is_meta]
+    if unloaded:  # 5.3.0: the tied GPT-2 head of a remote-code copy (stock transformers alone, no hfpatch)
+        skip(probe, NOT_REMOTE_CODE, f"transformers {TF} loads this copy as remote code without {unloaded} "
+             "(left on the meta device), hfpatch or not")  # fmt: skip
     loaded = loaded.float().eval()
     assert (
         type(loaded) is not causal and type(loaded).__name__ == causal.__name__
@@ -134,9 +138,8 @@ def test_custom_model_rows_equal_themselves_alone(kind, how, apply_first, tmp_pa
         sides[name] = both_sides(probe, lambda: max_diff(model, ROWS, run_padded(model, ROWS, chunks, left)))  # noqa: B023
     adapters = {custom_adapter(type(module)) for module in model.modules()} - {None}
     states = {adapter.arch: hfpatch.status()[adapter.arch] for adapter in adapters}
-    result = hfpatch.verify(model)
     applied = bool(adapters) and all(entry.state == "applied" for entry in states.values())
-    judge_custom(probe, list(sides.values()), applied, result)
+    judge_custom(probe, list(sides.values()), applied)  # not patched, or wrong: recorded before asserting
     for name, (patched, on_stock) in sides.items():
         assert patched <= TOLERANCE, f"{name}: hfpatch {patched:.2g}, stock {on_stock:.2g}; {states}"
     assert max(on_stock for _, on_stock in sides.values()) > WRONG, (
@@ -144,6 +147,8 @@ def test_custom_model_rows_equal_themselves_alone(kind, how, apply_first, tmp_pa
     )
     assert adapters, "no class of the model was recognised"
     assert all(entry.state == "applied" for entry in states.values()), states
+    result = hfpatch.verify(model)
+    judge_custom(probe, list(sides.values()), applied, result)
     assert result.ok and result.patches, str(result)
 
 
