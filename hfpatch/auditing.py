@@ -22,6 +22,7 @@ import gc
 import json
 import os
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,11 @@ class AuditReport:
         self.types: dict[str, dict[str, Any]] = {}
         self.unknown: dict[str, str] = {}
         self._lock = threading.Lock()
+
+    def calls(self) -> int:
+        """Calls seen so far, of every model type."""
+        with self._lock:
+            return sum(entry["calls"] for entry in self.types.values())
 
     def entry(self, arch: str) -> dict[str, Any]:
         found = self.types.get(arch)
@@ -166,14 +172,27 @@ def start_from_environment() -> bool:
     stop = start(report)
     written: list[bool] = []
 
+    def snapshot() -> None:
+        path = Path(folder) / f"{os.getpid()}.json"
+        with contextlib.suppress(OSError):  # whole or not at all: the launcher may read it any time
+            path.with_suffix(".part").write_text(json.dumps(report.as_dict()))
+            os.replace(path.with_suffix(".part"), path)
+
     def write() -> None:
         if written:
             return
         written.append(True)
         stop()
-        path = Path(folder) / f"{os.getpid()}.json"
-        with contextlib.suppress(OSError):
-            path.write_text(json.dumps(report.as_dict()))
+        snapshot()
+
+    def keep_writing() -> None:  # a process killed without exiting (Ray workers at shutdown) loses <= 1 s
+        last = None
+        while not written:
+            time.sleep(1.0)
+            calls = report.calls()
+            if calls != last and not written:
+                snapshot()
+                last = calls
 
     atexit.register(write)
     exit_now = os._exit
@@ -184,8 +203,16 @@ def start_from_environment() -> bool:
         exit_now(status)
 
     os._exit = _exit
-    # a forked child starts with the parent's counts: its own file counts only its own calls
-    os.register_at_fork(after_in_child=report.types.clear)
+
+    def writer() -> None:
+        threading.Thread(target=keep_writing, name="hfpatch-audit", daemon=True).start()
+
+    def forked() -> None:  # a forked child starts with the parent's counts: its file counts its own calls
+        report.types.clear()
+        writer()
+
+    os.register_at_fork(after_in_child=forked)
+    writer()
     engine.applied_by(f"hfpatch audit (process {os.getpid()}): stock results, calls counted")
     return True
 

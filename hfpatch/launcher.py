@@ -156,7 +156,7 @@ def audit(command: Sequence[str], json_path: Optional[str] = None, prog: str = "
             except KeyboardInterrupt:  # the child has the signal too: wait for it to finish
                 continue
         reports = []
-        for path in sorted(Path(folder).glob("*.json")):
+        for path in sorted(Path(folder).glob("[0-9]*.json")):
             try:
                 reports.append(json.loads(path.read_text()))
             except (OSError, ValueError):

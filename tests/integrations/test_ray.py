@@ -86,8 +86,15 @@ def _drive(tmp_path, address: str, launched: bool, **extra: str) -> dict:
         "launched" if launched else "plain",
         str(tmp_path / "theirs"),
     ]
-    if launched:
-        command = [sys.executable, "-m", "hfpatch", "run", "--", *command]
+    if launched:  # True: hfpatch run; a list: that hfpatch command and its options
+        command = [
+            sys.executable,
+            "-m",
+            "hfpatch",
+            *(["run"] if launched is True else launched),
+            "--",
+            *command,
+        ]
     done = subprocess.run(
         command, capture_output=True, text=True, timeout=600, env=_env(**extra), cwd=tmp_path
     )
@@ -110,6 +117,18 @@ def test_ray_cluster_started_in_the_launched_driver(tmp_path):
     assert "hfpatch run launcher" not in session["workers"]["own PYTHONPATH"]["applied_by"]
     disabled = session["workers"]["disabled"]
     assert disabled["error"] > WRONG and disabled["applied_by"] == "", disabled
+
+
+def test_ray_workers_under_hfpatch_audit_run_stock_and_are_counted(tmp_path):
+    """``hfpatch audit``: each worker (the job's, and the one with a PYTHONPATH of its own, reached by
+    the setup hook) runs stock and writes its counts: three calls each, the continued prefix wrong."""
+    report = tmp_path / "audit.json"
+    session = _drive(tmp_path, "local", launched=["audit", "--json", str(report)])["launched"]
+    for name in ("job", "own PYTHONPATH"):
+        worker = session["workers"][name]
+        assert worker["error"] > WRONG and "hfpatch audit" in worker["applied_by"], (name, worker)
+    counted = json.loads(report.read_text())[ARCH]
+    assert counted["calls"] == 6 and counted["affected"] == 2, counted
 
 
 def _free_port() -> int:
