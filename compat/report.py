@@ -30,11 +30,15 @@ from hfpatch.support import KNOWN_BAD, TESTED, support  # noqa: E402
 from expectations import (  # noqa: E402
     ABSENT,
     CLASS_DIFFERS,
-    EXACT,
+    CUSTOM,
+    CUSTOM_SKIP_KINDS,
     FAILURE_KINDS,
     FLAGSHIPS,
+    NO_CACHE_CLASS,
     NOT_BUILDABLE,
     NOT_PATCHED,
+    NOT_REMOTE_CODE,
+    PASS_KINDS,
     STOCK_FAILS,
     STOCK_RIGHT,
     WRONG_WITH_POSITIONS,
@@ -88,7 +92,7 @@ def probe_cells(evidence: dict) -> dict:
     cells: dict = {}
     for entries in evidence.get("probe", {}).values():
         for model_type, attention, kind, *numbers in entries.values():
-            outcome = "fail" if kind in FAILURE_KINDS else "pass" if kind == EXACT else "skip"
+            outcome = "fail" if kind in FAILURE_KINDS else "pass" if kind in PASS_KINDS else "skip"
             cell = cells.setdefault(model_type, {}).setdefault(attention, {"outcome": "skip", "kinds": set()})
             if OUTCOME_ORDER[outcome] > OUTCOME_ORDER[cell["outcome"]]:
                 cell["outcome"] = outcome
@@ -135,6 +139,11 @@ def build() -> dict:
             for model_type, runs in probe.items()
             if model_type in REGISTRY
             for run in runs.values()
+        )
+        failing |= any(  # a model outside transformers' classes patched and wrong, or not left alone
+            custom_verdict(runs) == "fail" and failure_kind(runs) != NOT_PATCHED  # (refused: like outside)
+            for model_type, runs in probe.items()
+            if model_type.startswith(CUSTOM)
         )
         summary[release] = {
             "ran": bool(evidence.get("suite")),
@@ -233,6 +242,7 @@ def render(summary: dict) -> str:
             row += [_wrong(count, "stock"), _wrong(count, "hfpatch")] if "cases" in count else ["n/a", "n/a"]
         lines.append("| " + " | ".join(row) + " |")
     lines += _render_probe(summary)
+    lines += _render_custom(summary)
     lines += ["", "## Notes: why a cell is n/a, known-bad or marked", ""]
     lines += [f"{i + 1}. {reason}" for i, reason in enumerate(footnotes)]
     return "\n".join(lines) + "\n"
@@ -323,6 +333,132 @@ def _render_probe(summary: dict) -> list[str]:
                 ]
                 lines.append("| " + " | ".join(cells) + " |")
     return lines
+
+
+# the probe types of tests/test_custom_models.py (custom-KIND), in the report's order: what each model is
+CUSTOM_MODELS = {
+    "custom-gpt2": "the release's GPT-2 files, every class renamed (learned absolute positions)",
+    "custom-llama": "the release's Llama files, renamed (rotary)",
+    "custom-qwen2": "the release's Qwen2 files, renamed (rotary, sliding-window config)",
+    "custom-from-scratch": "a causal LM written from scratch (learned absolute positions, DynamicCache)",
+    "custom-offset-positions": "the from-scratch LM, positions from the mask counted from 1: left alone",
+    "custom-no-position_ids": "the from-scratch LM without position_ids: listed, left alone",
+}
+
+
+def custom_verdict(runs: dict) -> str:
+    """One release's probe of a custom model (its tests' cell): ``pass``, ``fail``, or why none ran (the
+    first of :data:`expectations.CUSTOM_SKIP_KINDS` its tests recorded)."""
+    outcomes = {run["outcome"] for run in runs.values()}
+    if "fail" in outcomes or "pass" in outcomes:
+        return "fail" if "fail" in outcomes else "pass"
+    kinds = set().union(*(run["kinds"] for run in runs.values()))
+    return next((kind for kind in CUSTOM_SKIP_KINDS if kind in kinds), "skipped")
+
+
+def custom_verdicts(summary: dict) -> dict:
+    """{custom probe type: {release: custom_verdict}} over the releases that probed it."""
+    verdicts: dict = {}
+    for release, entry in summary.items():
+        for model_type, runs in entry["probe"].items():
+            if model_type.startswith(CUSTOM):
+                verdicts.setdefault(model_type, {})[release] = custom_verdict(runs)
+    return verdicts
+
+
+def _render_custom(summary: dict) -> list[str]:
+    """Models outside transformers' classes (tests/test_custom_models.py): one row per kind."""
+    verdicts = custom_verdicts(summary)
+    title = "## Models outside transformers' classes"
+    if not verdicts:
+        return ["", title, "", "No probe results yet: run `bash compat/probe_matrix.sh`."]
+    types = [t for t in CUSTOM_MODELS if t in verdicts] + sorted(set(verdicts) - set(CUSTOM_MODELS))
+    probed = [r for r in summary if any(r in by_release for by_release in verdicts.values())]
+    newest = probed[-1]
+    lines = [
+        "",
+        f"{title}: the probe on every release",
+        "",
+        f"`tests/test_custom_models.py` on {len(probed)} releases ({probed[0]} to {newest}): models hfpatch "
+        "recognises from their `forward` (`hfpatch/custom.py`), not from transformers' classes. The copies "
+        "are the release's own modeling files with every class renamed, each registered through the Auto "
+        "classes and loaded from a checkpoint directory with `trust_remote_code=True`, with `apply()` "
+        "before the classes exist and after the model is built (four tests a release); each must be exact "
+        "with hfpatch for left padding, a right-padded cached prefix + 1 token and holes, against each row "
+        "run alone on stock transformers, be patched (`status()`) and pass `hfpatch.verify`. The last two "
+        "must be left alone (not patched, stock's results). *runs*: the releases where a test of it ran; "
+        "*passes*: of those, how many pass every test (exact, or left alone); *not run or not passing, "
+        "and why*: the other releases by the kind the tests recorded, and releases where some tests "
+        "skipped while the others ran (*some tests*); stock and hfpatch: the largest max|diff| against "
+        f"the rows alone on {newest} (for the left-alone rows, hfpatch's side is stock's code too).",
+    ]
+    rows, runs_total, passes_total, wrong = [], 0, 0, []
+    for model_type in types:
+        by_release = verdicts[model_type]
+        ran = [r for r, v in by_release.items() if v in ("pass", "fail")]
+        passed = [r for r in ran if by_release[r] == "pass"]
+        runs_total, passes_total = runs_total + len(ran), passes_total + len(passed)
+        groups: dict = {}
+        for release, verdict in by_release.items():
+            runs = summary[release]["probe"][model_type]
+            kinds = set().union(*(run["kinds"] for run in runs.values()))
+            if verdict == "fail":
+                reason = failure_kind(runs)
+                groups.setdefault(reason, []).append(release)
+                if reason == WRONG_WITH_POSITIONS:
+                    wrong.append(f"{model_type} on {release}")
+            elif verdict != "pass":
+                groups.setdefault(verdict, []).append(release)
+            for kind in CUSTOM_SKIP_KINDS:
+                if kind in kinds and verdict in ("pass", "fail"):
+                    groups.setdefault(f"{kind} (some tests)", []).append(release)
+        newest_runs = summary[newest]["probe"].get(model_type, {})
+        numbers = [
+            max((run[name] for run in newest_runs.values() if name in run), default=None)
+            for name in ("stock", "hfpatch")
+        ]
+        cells = [
+            f"`{model_type}`",
+            CUSTOM_MODELS.get(model_type, "-"),
+            _spans(ran, probed),
+            f"{len(passed)}/{len(ran)}",
+            "; ".join(f"*{why}*: {_spans(rs, probed)}" for why, rs in groups.items()) or "-",
+            *(_num(value) for value in numbers),
+        ]
+        rows.append("| " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        f"**{passes_total} of {runs_total} (custom model, release) pairs where it runs pass; patched by "
+        f"hfpatch and still wrong: {', '.join(wrong) or 'none'}.** Why a release does not pass, as the "
+        f"tests recorded it: *{NOT_PATCHED}*: hfpatch left stock a model it should patch (not recognised, "
+        "or its check on a tiny copy refused it: `status()` says why; its results are stock's; like a "
+        "release outside a declared range, not counted in the headline, and `tests/test_compat_report.py` "
+        "names each); "
+        f"*{WRONG_WITH_POSITIONS}*: hfpatch patched it and it is still wrong; *{NOT_BUILDABLE}*: the test "
+        f"failed before measuring (the copy did not build or load). Why one does not run: *{ABSENT}*: the "
+        f"release has no such model to copy; *{NO_CACHE_CLASS}*: no `transformers.DynamicCache` (the "
+        f"from-scratch LM's cache); *{NOT_REMOTE_CODE}*: transformers refuses the copy's file as remote "
+        "code, or loads it with weights left on the meta device, hfpatch or not (the remote-code tests).",
+        "",
+        "| custom model | what it is | runs | passes | not run or not passing, and why | stock | hfpatch |",
+        "|---" * 7 + "|",
+        *rows,
+    ]
+    return lines
+
+
+def _spans(releases: list, order: list) -> str:
+    """``releases`` as runs of consecutive ones in ``order``: "4.36.2 - 4.37.2 (2), 5.3.0"."""
+    if not releases:
+        return "-"
+    index = {release: i for i, release in enumerate(order)}
+    runs: list = []
+    for release in sorted(releases, key=index.__getitem__):
+        if runs and index[release] == index[runs[-1][-1]] + 1:
+            runs[-1].append(release)
+        else:
+            runs.append([release])
+    return ", ".join(run[0] + (f" - {run[-1]} ({len(run)})" if len(run) > 1 else "") for run in runs)
 
 
 def _not_patched(summary: dict, adapter, model_type: str, by_release: dict) -> str:
