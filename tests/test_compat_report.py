@@ -14,7 +14,7 @@ from packaging.version import Version
 import hfpatch
 from hfpatch.support import KNOWN_BAD, NEWEST_TESTED, TESTED, support
 
-from expectations import ABSENT, FLAGSHIPS, NOT_PATCHED
+from expectations import ABSENT, CUSTOM_NOT_PATCHED, FLAGSHIPS, NOT_PATCHED
 
 COMPAT = Path(__file__).resolve().parent.parent / "compat"
 sys.path.insert(0, str(COMPAT))
@@ -178,17 +178,6 @@ def test_a_partial_re_run_replaces_only_the_tests_it_ran(tmp_path):
 # the custom models copied from the release's own files (tests/test_custom_models.py): the model type
 # of transformers each copies (the architecture probe's record says whether the release ships it)
 COPIED = {"custom-gpt2": "gpt2", "custom-llama": "llama", "custom-qwen2": "qwen2"}
-# where the probe finds a custom model not patched, each measured (compat/REPORT.md): hfpatch's check on
-# a tiny copy refuses it there, so its results are stock's (wrong, as stock's are)
-CUSTOM_NOT_PATCHED = {
-    # the Llama adapter's SDPA_436 switch (transformers' _unmask_unattended): the custom adapter has
-    # none; the tiny copy in eager attention is exact with hfpatch
-    ("custom-llama", "4.36.2"): "SDPA mask of a padded cached prefix continued by several tokens",
-    ("custom-llama", "4.37.2"): "SDPA mask of a padded cached prefix continued by several tokens",
-    # MASK_437 (Mistral, Mixtral; Qwen2 is declared from 4.39): wrong with the right positions, eager too
-    ("custom-qwen2", "4.37.2"): "the release's own mask: wrong with the right positions",
-    ("custom-qwen2", "4.38.2"): "the release's own mask: wrong with the right positions",
-}
 
 
 def test_custom_models_pass_wherever_they_run():
