@@ -16,6 +16,7 @@ from .caches import capacity, past_length
 from .declarations import PADDED_TABLE, SINUSOID, TABLE
 from .positions import stock_error
 from .rope import DYNAMIC, scaled_rope
+from .support import in_range, installed_transformers
 from .windows import CHUNKED, _layer_types, _text_config, _window_of, positional
 
 __all__ = ["GIVEN", "Watcher", "call_site"]
@@ -96,6 +97,15 @@ class _Facts:
         self.windows = sizes if any(sizes) else []
         # a release whose window code hfpatch does not read: its own rule (off by one in some), not judged
         self.own_windows = bool(self.windows) and not positional(model, adapter.cls)
+        # 4.36-4.37's SDPA mask of a padded cached prefix continued by several tokens (Adapter.eager_mask):
+        # wrong whatever the positions, so such calls are not judged there
+        version = installed_transformers()
+        self.own_mask = (
+            adapter.eager_mask is not None
+            and version is not None
+            and in_range(adapter.eager_mask[0], version)
+            and getattr(getattr(model, "config", None), "_attn_implementation", None) == "sdpa"
+        )
         self.scaled = scaled_rope(model)
 
 
@@ -121,6 +131,8 @@ def _judge(seen: Any, facts: _Facts) -> Any:
     num_new, length = tokens.shape[1], mask.shape[1]
     if past_length(cache) + num_new != length:
         return "a mask that is not past + new tokens long"
+    if facts.own_mask and 1 < num_new < length and bool((mask == 0).any()):
+        return "this release's SDPA mask of a padded cached prefix continued by several tokens"
     if facts.own_windows and length > min(w for w in facts.windows if w):
         return "a sliding window by this release's own rule"
     error = stock_error(mask, num_new, facts.relative, facts.windows)

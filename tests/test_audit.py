@@ -86,9 +86,17 @@ def test_audit_leaves_results_stock_and_counts_what_each_row_alone_says(tmp_path
         assert torch.equal(before["logits"], after["logits"])  # the same bits
     counted = json.loads(report.read_text())
     expected = truth(stock, {arch: audit_script.build(arch) for arch in dict(audit_script.CHAINS)})
+    for arch, entry in counted.items():  # stock wrong beyond positions (4.36-4.37's SDPA mask): not judged
+        if entry["not_judged"]:
+            assert set(entry["not_judged"]) == {
+                "this release's SDPA mask of a padded cached prefix continued by several tokens"
+            }, entry
+            expected.pop(arch)
     assert {arch: {name: counted[arch][name] for name in COUNTED} for arch in expected} == expected
+    assert expected, "no model type was judged"
     assert all(expected[arch]["affected"] for arch in expected)  # stock is wrong in each, somewhere
-    assert expected["llama"]["affected"] < expected["llama"]["calls"]  # left padding in one call: right
+    if "llama" in expected:  # left padding in one call: right on stock
+        assert expected["llama"]["affected"] < expected["llama"]["calls"]
     line = next(n for n, text in enumerate(script_lines(), 1) if "out = model(" in text)
     assert set(counted["gpt2"]["sites"]) == {f"tests/audit_script.py:{line}"}  # the first frame outside
     printed = done.stderr[done.stderr.index("hfpatch audit: what stock") :].strip()
