@@ -83,7 +83,12 @@ class _Facts:
     def __init__(self, model: Any, adapter: Any) -> None:
         self.arch = getattr(getattr(model, "config", None), "model_type", None) or adapter.arch
         family = adapter.family
-        self.relative = not family.name.startswith("absolute") and family.hands_to not in ABSOLUTE_HANDS_TO
+        if family.name == "custom":  # a class outside transformers: rotary if it has a rotary module
+            self.relative = any("rotary" in type(m).__name__.lower() for m in model.modules())
+        else:
+            self.relative = (
+                not family.name.startswith("absolute") and family.hands_to not in ABSOLUTE_HANDS_TO
+            )
         self.unjudged: Optional[str] = None
         self.windows: list[Optional[int]] = []
         try:

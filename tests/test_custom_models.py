@@ -267,3 +267,21 @@ def test_the_check_leaves_the_programs_random_state_alone(tmp_path):
     _, _, model_type = _classes(_patched_here(), tmp_path)  # defined with apply() holding: checked here
     assert torch.equal(torch.rand(3), expected)
     assert hfpatch.status()[model_type].state == "applied"  # (the check ran)
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_the_audit_judges_a_custom_model_by_its_kind_of_positions(kind, tmp_path):
+    """hfpatch audit on copies: a left-padded batch in one call is wrong on stock for the GPT-2 copy
+    (absolute positions) and right for the Llama copy (rotary), and the audit counts it so."""
+    config_class, causal, _ = _classes(kind, tmp_path)
+    model = custom_models.built(causal, _config(config_class, kind))
+    ids = torch.tensor([[0, 5, 6, 7], [8, 9, 10, 11]])
+    mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
+    with torch.no_grad(), hfpatch.audit() as report, stock():
+        batch = model(input_ids=ids, attention_mask=mask).logits[0, 1:]
+    with torch.no_grad():
+        alone = model(input_ids=ids[:1, 1:]).logits[0]
+    wrong = (batch - alone).abs().max().item() > WRONG
+    counted = next(entry for entry in report.as_dict().values() if entry.get("calls"))
+    assert wrong == (kind == "gpt2"), (batch - alone).abs().max().item()
+    assert counted["calls"] == 1 and counted["affected"] == int(wrong) and counted["tokens"] == 3 * wrong
