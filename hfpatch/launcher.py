@@ -14,9 +14,11 @@ a variable starting with ``HFPATCH_`` that hfpatch does not read gets a warning.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -143,7 +145,8 @@ def audit(command: Sequence[str], json_path: Optional[str] = None, prog: str = "
         return CANNOT_RUN
     from .auditing import merge, table
 
-    with tempfile.TemporaryDirectory(prefix="hfpatch-audit-") as folder:
+    folder = tempfile.mkdtemp(prefix="hfpatch-audit-")
+    try:
         env[AUDIT_VARIABLE] = folder
         try:
             child = subprocess.Popen(list(command), env=env)
@@ -155,18 +158,41 @@ def audit(command: Sequence[str], json_path: Optional[str] = None, prog: str = "
                 break
             except KeyboardInterrupt:  # the child has the signal too: wait for it to finish
                 continue
-        reports = []
-        for path in sorted(Path(folder).glob("[0-9]*.json")):
-            try:
-                reports.append(json.loads(path.read_text()))
-            except (OSError, ValueError):
-                print(f"{prog} audit: a process's counts could not be read ({path.name})", file=sys.stderr)
+        reports = _read_counts(Path(folder), prog)
+    finally:  # a worker still ending may write after its parent: whatever it leaves goes too
+        shutil.rmtree(folder, ignore_errors=True)
     merged = merge(reports)
     processes = f"{len(reports)} process{'es' if len(reports) != 1 else ''}"
     print(f"{table(merged)}\n({processes} counted)", file=sys.stderr)
     if json_path is not None:
         Path(json_path).write_text(json.dumps(merged, indent=1, sort_keys=True) + "\n")
     return code
+
+
+def _read_counts(folder: Path, prog: str, settle: float = 0.3, longest: float = 3.0) -> list:
+    """Each process's counts: its workers may still be writing when the command has exited (a
+    DataLoader worker ends after its parent), so the folder is read once it has not changed for
+    ``settle`` seconds (at most ``longest``)."""
+    import time
+
+    def state() -> list:
+        return sorted((p.name, p.stat().st_mtime_ns) for p in folder.glob("[0-9]*.json") if p.exists())
+
+    before, start = None, time.monotonic()
+    while time.monotonic() - start < longest:
+        with contextlib.suppress(OSError):
+            now = state()
+            if now == before:
+                break
+            before = now
+        time.sleep(settle)
+    reports = []
+    for path in sorted(folder.glob("[0-9]*.json")):
+        try:
+            reports.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            print(f"{prog} audit: a process's counts could not be read ({path.name})", file=sys.stderr)
+    return reports
 
 
 def _environment(command: Sequence[str], verb: str, prog: str) -> dict[str, str] | int:
