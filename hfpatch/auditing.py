@@ -42,7 +42,7 @@ class AuditReport:
     ``rows`` and ``tokens`` affected, ``worst_shift`` (the most pads before a wrong token: how far its
     stock position is off), ``patched`` (calls hfpatch's patch ran), ``positions_given`` (calls with the
     caller's positions: theirs, not judged), ``not_judged`` (reason -> calls) and ``sites`` (the first
-    frame outside transformers and torch -> [calls, affected]). ``unknown``: model types of models in
+    frame outside transformers and torch -> ``calls``, ``affected``). ``unknown``: model types of models in
     memory that hfpatch does not patch, with why (their calls are not counted at all)."""
 
     def __init__(self) -> None:
