@@ -221,3 +221,25 @@ def rotary_reading_row_zero(model: Any) -> Iterator[None]:
     finally:
         for module in found:
             del module.forward
+
+
+def windowed_model(model_type: str, config: Any, attention: str) -> Any:
+    """A tiny model of ``model_type`` from ``config`` (a sliding window or chunk set), fp32, eval mode,
+    seed 0, with ``attention``; skips where the release runs no such attention for it, or decides its
+    window by cache column (hfpatch leaves it to transformers there: verify() notes it)."""
+    import pytest
+    import transformers
+
+    from hfpatch.windows import positional
+
+    config._attn_implementation = attention
+    torch.manual_seed(0)
+    try:
+        model = transformers.AutoModelForCausalLM.from_config(config).float().eval()
+    except ValueError as exc:  # no SDPA for this model type on this release
+        pytest.skip(f"{model_type} with {attention} attention in transformers {transformers.__version__}: "
+                    f"{str(exc)[:150]}")  # fmt: skip
+    if not positional(model, hfpatch.registry()[model_type].cls):
+        pytest.skip(f"{model_type}'s window is decided by cache column in transformers "
+                    f"{transformers.__version__}: left to it")  # fmt: skip
+    return model

@@ -14,10 +14,9 @@ import pytest
 import torch
 
 from hfpatch.verification.tiny import tiny_config
-from hfpatch.windows import positional
 
-from conftest import REGISTRY, TF, arch_skip_reason, stock
-from harness import TOLERANCE, WRONG, cache_kwarg, random_rows
+from conftest import TF, arch_skip_reason, stock
+from harness import TOLERANCE, WRONG, cache_kwarg, random_rows, windowed_model
 
 WINDOW = 4
 # model type: the config fields that give its layers (some or all) a window of WINDOW tokens
@@ -34,22 +33,12 @@ NEW_TOKENS = 6
 
 
 def _model(model_type: str, attention: str, window: int = WINDOW) -> Any:
-    import transformers
-
     reason = arch_skip_reason(model_type)
     if reason:
         pytest.skip(reason)
     config = tiny_config(model_type, WINDOWED[model_type])  # (Qwen2's layer types come from these)
     config.sliding_window = window
-    config._attn_implementation = attention
-    torch.manual_seed(0)
-    try:
-        model = transformers.AutoModelForCausalLM.from_config(config).float().eval()
-    except ValueError as exc:  # no SDPA for this model type on this release
-        pytest.skip(f"{model_type} with {attention} attention in transformers {TF}: {str(exc)[:150]}")
-    if not positional(model, REGISTRY[model_type].cls):
-        pytest.skip(f"{model_type}'s window is decided by cache column in transformers {TF}: left to it")
-    return model
+    return windowed_model(model_type, config, attention)
 
 
 def _generate(model: Any, ids: list, mask: list, cache: Any = None, **options: Any) -> Any:

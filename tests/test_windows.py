@@ -10,9 +10,8 @@ import pytest
 import torch
 
 from hfpatch.verification.tiny import tiny_config
-from hfpatch.windows import positional
 
-from conftest import REGISTRY, TF, arch_skip_reason, static_cache_skip_reason, stock
+from conftest import TF, arch_skip_reason, static_cache_skip_reason, stock
 from harness import (
     TOLERANCE,
     WRONG,
@@ -22,6 +21,7 @@ from harness import (
     random_rows,
     run_padded,
     static_cache,
+    windowed_model,
 )
 
 WINDOW = 128
@@ -48,8 +48,6 @@ CASES = {  # chunks, left: a right-padded prefix of 148 and 138 tokens, then 1 o
 
 
 def _model(model_type: str, attention: str):
-    import transformers
-
     reason = arch_skip_reason(model_type)
     if reason:
         pytest.skip(reason)
@@ -57,15 +55,7 @@ def _model(model_type: str, attention: str):
     for name, value in WINDOWED[model_type].items():
         setattr(config, name, value)
     config.max_position_embeddings = 512
-    config._attn_implementation = attention
-    torch.manual_seed(0)
-    try:
-        model = transformers.AutoModelForCausalLM.from_config(config).float().eval()
-    except ValueError as exc:  # no SDPA for this model type on this release
-        pytest.skip(f"{model_type} with {attention} attention in transformers {TF}: {str(exc)[:150]}")
-    if not positional(model, REGISTRY[model_type].cls):  # verify() notes it; the README's limits
-        pytest.skip(f"{model_type}'s window is decided by cache column in transformers {TF}: left to it")
-    return model
+    return windowed_model(model_type, config, attention)
 
 
 @pytest.mark.parametrize("cache", ["model's own", "StaticCache"])
