@@ -31,9 +31,8 @@ from . import engine
 from ._context import unwatch, watch
 from .declarations import THROUGH_LANGUAGE_MODEL
 
-__all__ = ["AUDIT_VARIABLE", "AuditReport", "audit", "merge", "start_from_environment"]
+__all__ = ["AuditReport", "audit", "audit_this_process", "merge"]
 
-AUDIT_VARIABLE = "HFPATCH_AUDIT"  # set by `hfpatch audit`: the folder each process writes its counts to
 COUNTS = ("calls", "affected", "rows", "tokens", "worst_shift", "patched", "positions_given")
 
 
@@ -160,14 +159,11 @@ def start(report: AuditReport) -> Any:
     return stop
 
 
-def start_from_environment() -> bool:
-    """``HFPATCH_AUDIT=FOLDER`` (set by ``hfpatch audit``): audit this process and write its counts to
-    ``FOLDER/PID.json`` at exit: a normal one (atexit), or ``os._exit()`` (which skips atexit: torchrun
-    scripts and multiprocessing's forked children end so), which in an audited process writes first.
-    Whether it started."""
-    folder = os.environ.get(AUDIT_VARIABLE, "").strip()
-    if not folder:
-        return False
+def audit_this_process(folder: str) -> None:
+    """What ``HFPATCH_AUDIT=FOLDER`` does (set by ``hfpatch audit``, read by :mod:`hfpatch.launcher`):
+    audit this process and write its counts to ``FOLDER/PID.json`` at exit: a normal one (atexit), or
+    ``os._exit()`` (which skips atexit: torchrun scripts and multiprocessing's forked children end so),
+    which in an audited process writes first."""
     report = AuditReport()
     stop = start(report)
     written: list[bool] = []
@@ -214,7 +210,6 @@ def start_from_environment() -> bool:
     os.register_at_fork(after_in_child=forked)
     writer()
     engine.applied_by(f"hfpatch audit (process {os.getpid()}): stock results, calls counted")
-    return True
 
 
 def _unknown_types(report: AuditReport) -> dict[str, str]:

@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -42,8 +43,8 @@ __all__ = [
 ARCHS_VARIABLE = "HFPATCH_ARCHS"
 DISABLED_VARIABLE = "HFPATCH_DISABLED"
 LAUNCHED_VARIABLE = "HFPATCH_LAUNCHED"  # set by `hfpatch run`, inherited by every child process
-SHADOW_VARIABLE = "HFPATCH_SHADOW"  # hfpatch.shadowing.SHADOW_VARIABLE (read without importing torch)
-AUDIT_VARIABLE = "HFPATCH_AUDIT"  # hfpatch.auditing.AUDIT_VARIABLE
+SHADOW_VARIABLE = "HFPATCH_SHADOW"  # the share of calls hfpatch.shadowing checks
+AUDIT_VARIABLE = "HFPATCH_AUDIT"  # set by `hfpatch audit`: the folder its processes write counts to
 RAY_HOOK_VARIABLE = "RAY_RUNTIME_ENV_HOOK"  # Ray's: a function that rewrites each ray.init()'s runtime_env
 RAY_RUNTIME_ENV_HOOK = "hfpatch.workers.ray_runtime_env"
 VARIABLES = (ARCHS_VARIABLE, DISABLED_VARIABLE, SHADOW_VARIABLE, LAUNCHED_VARIABLE, AUDIT_VARIABLE)
@@ -98,10 +99,11 @@ def apply_from_environment(how: Optional[str] = None) -> None:
     names = read_environment(os.environ)
     if names is None:
         return
-    if os.environ.get(AUDIT_VARIABLE, "").strip():  # hfpatch audit: stock results, calls counted
-        from .auditing import start_from_environment
+    folder = os.environ.get(AUDIT_VARIABLE, "").strip()
+    if folder:  # hfpatch audit: stock results, calls counted
+        from .auditing import audit_this_process
 
-        start_from_environment()
+        audit_this_process(folder)
         return
     if how is None and os.environ.get(LAUNCHED_VARIABLE):
         how = f"the hfpatch run launcher (sitecustomize, process {os.getpid()})"
@@ -111,10 +113,11 @@ def apply_from_environment(how: Optional[str] = None) -> None:
         how += f", {ARCHS_VARIABLE}={','.join(names)}"
     engine.apply(names or None)
     engine.applied_by(how)
-    if os.environ.get(SHADOW_VARIABLE, "").strip():
-        from .shadowing import start_from_environment as shadow_from_environment
+    rate = os.environ.get(SHADOW_VARIABLE, "").strip()
+    if rate:  # checked by read_environment above
+        from .shadowing import shadow_this_process
 
-        shadow_from_environment()
+        shadow_this_process(float(rate))
 
 
 def run(command: Sequence[str], prog: str = "hfpatch") -> int:
@@ -173,7 +176,6 @@ def _read_counts(folder: Path, prog: str, settle: float = 0.3, longest: float = 
     """Each process's counts: its workers may still be writing when the command has exited (a
     DataLoader worker ends after its parent), so the folder is read once it has not changed for
     ``settle`` seconds (at most ``longest``)."""
-    import time
 
     def state() -> list:
         return sorted((p.name, p.stat().st_mtime_ns) for p in folder.glob("[0-9]*.json") if p.exists())

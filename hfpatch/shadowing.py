@@ -30,20 +30,18 @@ from typing import Any, Optional
 import torch
 
 from . import engine
-from ._compat import CACHE_NAMES
+from ._compat import CACHE_NAMES, output_cache
 from ._context import SHADOW_COUNTS, unwatch, watch
 from .caches import _first_layer_keys, capacity, past_length
 from .judge import call_site
 from .rope import scaled_rope
+from .testing import FP32, RELATIVE
 
-__all__ = ["SHADOW_VARIABLE", "ShadowMismatch", "ShadowReport", "shadow", "start_from_environment"]
+__all__ = ["ShadowMismatch", "ShadowReport", "shadow", "shadow_this_process"]
 
-SHADOW_VARIABLE = "HFPATCH_SHADOW"  # read by hfpatch run and hfpatch.auto: the rate
 # arguments a row can be run alone with; any other tensor argument (token types, images) is let go
 TAKEN = {"input_ids", "inputs_embeds", "attention_mask", "use_cache", "return_dict", "output_attentions",
          "output_hidden_states", *CACHE_NAMES}  # fmt: skip
-FP32 = 1e-5  # fp32: |difference| within this share of the row's largest |output| (at least 1)
-RELATIVE = {torch.float16: 4e-3, torch.bfloat16: 3e-2}
 
 
 class ShadowMismatch(RuntimeWarning):
@@ -96,18 +94,10 @@ def start(report: ShadowReport, rate: float, tolerance: Optional[float] = None, 
     return stop
 
 
-def start_from_environment() -> bool:
-    """``HFPATCH_SHADOW=RATE``: check that share of this process's calls; at exit, one line on stderr
-    with the counts (where it checked any). ``ValueError`` naming the variable for a bad rate."""
-    value = os.environ.get(SHADOW_VARIABLE, "").strip()
-    if not value:
-        return False
-    try:
-        rate = float(value)
-    except ValueError:
-        rate = -1.0
-    if not 0 <= rate <= 1:
-        raise ValueError(f"{SHADOW_VARIABLE}={value}: expected a share of calls from 0 to 1")
+def shadow_this_process(rate: float) -> None:
+    """What ``HFPATCH_SHADOW=RATE`` does (read by :mod:`hfpatch.launcher`, which checks the rate):
+    check that share of this process's calls; at exit, one line on stderr with the counts (where it
+    checked any)."""
     report = ShadowReport()
     stop = start(report, rate)
 
@@ -121,7 +111,6 @@ def start_from_environment() -> bool:
     import atexit
 
     atexit.register(summary)
-    return True
 
 
 class _Followed:
@@ -228,7 +217,7 @@ class _Watcher:
         if whole is not None:
             self.compare(seen, whole, result)
         if follow:
-            out = _output_cache(result)
+            out = None if isinstance(result, (tuple, list)) else output_cache(result)
             if out is None or isinstance(out, (tuple, list)):
                 return
             ids = whole if whole is not None else (
@@ -262,6 +251,7 @@ class _Watcher:
         live, alone = live.detach(), alone.detach()
         scale = float(alone.abs().max()) if alone.numel() else 1.0
         dtype = alone.dtype
+        # testing's tolerances, each a share of the row's largest |output| here (live models' are large)
         bound = self.tolerance if self.tolerance is not None else (
             RELATIVE.get(dtype, FP32) * max(1.0, scale)
         )  # fmt: skip
@@ -317,10 +307,3 @@ def _outputs(result: Any) -> torch.Tensor:
         return result[0]
     logits = getattr(result, "logits", None)
     return logits if logits is not None else result[0]
-
-
-def _output_cache(result: Any) -> Any:
-    if isinstance(result, (tuple, list)):
-        return None
-    keys = result.keys() if hasattr(result, "keys") else ()
-    return next((result[key] for key in CACHE_NAMES if key in keys), None)
