@@ -29,6 +29,7 @@ only: on an accelerator, reading a value waits for the device.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any, Callable, NamedTuple, Optional, Union
 
@@ -133,8 +134,9 @@ def watched(
     CALL.watching = True
     try:
         named = dict(kwargs)
-        if len(args) <= len(plan.positional) and not set(plan.positional[: len(args)]) & set(named):
-            named.update(zip(plan.positional, args))
+        if args:
+            with contextlib.suppress(TypeError):  # arguments the call itself rejects, saying so
+                _bind_positional(adapter, plan, args, named)
         cache = next((named[name] for name in CACHE_NAMES if named.get(name) is not None), None)
         seen = Seen(model, adapter, named, cache, patched_here(pin), plan.ids_rank)
         call = functools.partial(forward, model, *args, **kwargs)
