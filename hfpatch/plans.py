@@ -19,7 +19,7 @@ from typing import Any, Callable, NamedTuple, Optional
 from ._compat import CACHE_NAMES, attaches_static_caches
 from .declarations import Adapter
 from .support import in_range, installed_transformers
-from .windows import window_plan
+from .windows import mask_plan
 
 __all__ = ["NO_SLOTS", "SLOTS", "SLOTS_REMOVED", "Plan", "read_plan"]
 
@@ -39,7 +39,7 @@ class Plan(NamedTuple):
     old_cache_kw: Optional[str] = None  # an old name the release still takes, with its own warning (5.24+)
     attached_cache: Optional[str] = None  # where 4.38-4.40 ``_setup_cache`` keeps a static cache
     eager_mask_attr: Optional[str] = None  # see ``Adapter.eager_mask``: only where its releases match
-    window: Any = None  # a ``hfpatch.windows.WindowPlan`` where the class's own masks apply a window
+    masks: Any = None  # a ``hfpatch.windows.MaskPlan`` where the class's mask code takes a 4-D mask
     ids_rank: int = 2  # ``Family.ids_rank``: 3 for audio codes ``[batch, tokens, channels]``
 
 
@@ -81,9 +81,10 @@ def read_plan(adapter: Adapter, forward: Callable, owner: Optional[type] = None)
         old_cache_kw=_renamed_from(forward, cache_kw),
         attached_cache=attached,
         eager_mask_attr=eager_mask[1] if in_era else None,
-        # a multimodal wrapper's window stays transformers' (it builds the masks, or its text model does
-        # from the 2-D mask), and so do those of seq2seq stacks that take no positions (none has one)
-        window=None if owner is None or family.multimodal or family.hands_to else window_plan(owner),
+        # a multimodal wrapper's masks stay transformers' (it builds them, or its text model does from the
+        # 2-D mask), and so do those of seq2seq stacks that take no positions (none has a window); a
+        # seq2seq decoder packs no rows
+        masks=None if owner is None or family.multimodal or family.hands_to else mask_plan(owner, not family.seq2seq),
         ids_rank=family.ids_rank,
     )
 

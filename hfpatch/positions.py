@@ -26,6 +26,10 @@ __all__ = [
     "has_holes",
     "new_token_positions",
     "positions_from_mask",
+    "positions_in_segments",
+    "restarts",
+    "segments",
+    "segments_from_lengths",
     "static_fill_level",
     "stock_error",
     "window_mask",
@@ -130,24 +134,107 @@ def cache_positions(
     return torch.arange(num_new, device=device) + past
 
 
+def segments(position_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Which packed sequence each column of a row belongs to: a new one starts at a real token whose
+    position is not the previous real token's + 1 (transformers' own rule,
+    ``masking_utils.find_packed_sequence_indices``, which has no mask; here pads are skipped, so that the
+    positions a padded batch is given, pads repeating a position, never split a row).
+
+    Args:
+        position_ids: ``[batch, length]``, the positions of a row that may pack several sequences.
+        attention_mask: ``[batch, length]``, 1 for real tokens (None: every token is real).
+
+    Returns:
+        ``[batch, length]`` int64, 0 for the first sequence of each row, counting up (a pad counts with
+        the real token before it).
+
+    Example:
+        >>> segments(torch.tensor([[0, 1, 2, 0, 1, 0]]))
+        tensor([[0, 0, 0, 1, 1, 2]])
+        >>> segments(torch.tensor([[0, 1, 2, 2, 0, 1]]), torch.tensor([[1, 1, 1, 0, 1, 1]]))
+        tensor([[0, 0, 0, 0, 1, 1]])
+    """
+    return _starts(position_ids, attention_mask).cumsum(-1)
+
+
+def restarts(position_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Whether some row's positions restart (a packed row: see :func:`segments`). 0-d bool tensor.
+
+    Example:
+        >>> restarts(torch.tensor([[0, 1, 2, 0, 1]])), restarts(torch.tensor([[1, 1, 0, 1]]), torch.tensor([[0, 0, 1, 1]]))
+        (tensor(True), tensor(False))
+    """
+    return _starts(position_ids, attention_mask).any()
+
+
+def _starts(position_ids: torch.Tensor, attention_mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """``[batch, length]`` bool: the real tokens that start a packed sequence after the row's first."""
+    if attention_mask is None:
+        starts = position_ids[:, 1:] != position_ids[:, :-1] + 1
+        return torch.nn.functional.pad(starts, (1, 0))
+    real = attention_mask != 0
+    columns = torch.arange(real.shape[-1], device=real.device)
+    last_real = torch.where(real, columns, -1).cummax(-1).values  # the last real column up to each
+    before = torch.nn.functional.pad(last_real[:, :-1], (1, 0), value=-1)  # ... strictly before it
+    previous = position_ids.expand_as(before).gather(-1, before.clamp(min=0))
+    return real & (before >= 0) & (position_ids != previous + 1)
+
+
+def segments_from_lengths(cu_seq_lens: torch.Tensor, batch: int, length: int) -> torch.Tensor:
+    """:func:`segments` of rows ``[batch, length]`` packed as ``cu_seq_lens`` says: the cumulative lengths
+    of the sequences over the flattened rows, from 0 (what ``DataCollatorWithFlattening(return_flash_attn_kwargs=
+    True)`` returns as ``cu_seq_lens_q``). int64 ``[batch, length]``.
+
+    Example:
+        >>> segments_from_lengths(torch.tensor([0, 3, 5], dtype=torch.int32), 1, 5)
+        tensor([[0, 0, 0, 1, 1]])
+    """
+    tokens = torch.arange(batch * length, device=cu_seq_lens.device)
+    ends = cu_seq_lens[1:].to(torch.int64).contiguous()
+    return torch.searchsorted(ends, tokens, right=True).reshape(batch, length)
+
+
+def positions_in_segments(segment_ids: torch.Tensor) -> torch.Tensor:
+    """Each column's position inside its packed sequence (0 at each sequence's first column), from a
+    :func:`segments`-like ``[batch, length]`` tensor of sequence numbers (``seq_idx``). int64.
+
+    Example:
+        >>> positions_in_segments(torch.tensor([[0, 0, 0, 1, 1, 2]]))
+        tensor([[0, 1, 2, 0, 1, 0]])
+    """
+    columns = torch.arange(segment_ids.shape[-1], device=segment_ids.device).expand_as(segment_ids)
+    starts = torch.ones_like(segment_ids, dtype=torch.bool)
+    starts[:, 1:] = segment_ids[:, 1:] != segment_ids[:, :-1]
+    first = torch.where(starts, columns, torch.zeros_like(columns)).cummax(-1).values
+    return columns - first
+
+
 def window_mask(
     attention_mask: torch.Tensor,
     query_slots: torch.Tensor,
     key_slots: torch.Tensor,
     window: Optional[int] = None,
     chunk: Optional[int] = None,
+    *,
+    positions: Optional[torch.Tensor] = None,
+    segment_ids: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """Which cache slots each new token attends to, with a sliding window or an attention chunk decided by
+    """Which cache slots each new token attends to: the one rule of which keys a query may see, decided by
     positions (not by slots, which count the holes of a padded cached prefix).
 
-    A key is attended to when it is real, not after the query, and (``window``) less than ``window``
-    positions before it, or (``chunk``) in the same chunk of ``chunk`` positions. A pad query sees its
-    own slot (so that no row of the mask is empty; its output is never read).
+    A key is attended to when it is real, not after the query, in the query's packed sequence
+    (``segment_ids``), and (``window``) less than ``window`` positions before it, or (``chunk``) in the
+    same chunk of ``chunk`` positions. A pad query sees its own slot (so that no row of the mask is
+    empty; its output is never read).
 
     Args:
         attention_mask: ``[batch, length]``, 1 for real tokens, spanning every slot below.
         query_slots: ``[new]`` int64, the new tokens' slots.
         key_slots: ``[keys]`` int64, the slots of the keys the layer attends to.
+        positions: ``[batch or 1, length]``, each slot's position (the caller's ``position_ids``); default
+            the mask's ``cumsum - 1``.
+        segment_ids: ``[batch or 1, length]``, each slot's packed sequence (:func:`segments`); default one
+            sequence a row.
 
     Returns:
         ``[batch, 1, new, keys]`` bool.
@@ -157,19 +244,31 @@ def window_mask(
 
         >>> window_mask(torch.tensor([[1, 1, 0, 0, 1]]), torch.tensor([4]), torch.arange(5), window=2).int()
         tensor([[[[0, 1, 0, 0, 1]]]], dtype=torch.int32)
+
+        Two sequences packed in a row, ``[a b | c]``: ``c`` sees only itself.
+
+        >>> window_mask(torch.ones(1, 3), torch.arange(3), torch.arange(3),
+        ...             segment_ids=torch.tensor([[0, 0, 1]])).int()
+        tensor([[[[1, 0, 0],
+                  [1, 1, 0],
+                  [0, 0, 1]]]], dtype=torch.int32)
     """
     real = attention_mask != 0
-    position = real.cumsum(-1).sub_(1).clamp_(min=0)
-    key_position, query_position = position.index_select(1, key_slots), position.index_select(1, query_slots)
     allowed = real.index_select(1, key_slots)[:, None, :] & (key_slots[None, :] <= query_slots[:, None])[None]
-    if window is not None:
-        allowed = allowed & ((query_position[:, :, None] - key_position[:, None, :]) < window)
-    if chunk is not None:
-        same = (
-            query_position.div(chunk, rounding_mode="floor")[:, :, None]
-            == key_position.div(chunk, rounding_mode="floor")[:, None, :]
-        )
-        allowed = allowed & same
+    if segment_ids is not None:
+        query_segment, key_segment = segment_ids.index_select(1, query_slots), segment_ids.index_select(1, key_slots)
+        allowed = allowed & (query_segment[:, :, None] == key_segment[:, None, :])
+    if window is not None or chunk is not None:
+        position = real.cumsum(-1).sub_(1).clamp_(min=0) if positions is None else positions
+        key_position, query_position = position.index_select(1, key_slots), position.index_select(1, query_slots)
+        if window is not None:
+            allowed = allowed & ((query_position[:, :, None] - key_position[:, None, :]) < window)
+        if chunk is not None:
+            same = (
+                query_position.div(chunk, rounding_mode="floor")[:, :, None]
+                == key_position.div(chunk, rounding_mode="floor")[:, None, :]
+            )
+            allowed = allowed & same
     return (allowed | (key_slots[None, :] == query_slots[:, None])[None])[:, None]
 
 

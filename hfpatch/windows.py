@@ -1,27 +1,34 @@
-"""Sliding windows and chunked attention decided by position, not by cache column.
+"""Which keys a query may see, decided by position, not by cache column: sliding windows, attention
+chunks, and the sequences packed into one row.
 
 transformers decides which keys fall inside a sliding window (or an attention chunk) by cache column,
 and its sliding cache layers keep a fixed number of trailing columns. When a padded prefix leaves holes
 in the cache, a later token's window covers fewer real tokens than the same row run alone, and keys
-inside the window by position may already be gone. Positions alone cannot fix either, so for a call
-whose positions hfpatch derives, on a model whose own mask code applies a window (eager or SDPA):
+inside the window by position may already be gone. A row that packs several sequences (positions that
+restart: ``DataCollatorWithFlattening``, TRL's ``padding_free``) lets every sequence attend to the ones
+before it, whatever the mask says. Positions alone cannot fix either, so for a call whose positions
+hfpatch derives (or the caller's, where they restart in a row), on a model whose own mask code takes a
+4-D mask (:class:`MaskPlan`; eager or SDPA attention, flex for a packed row on 4.53+):
 
 1. the cache keeps every key: sliding or chunked cache layers that have dropped nothing yet are
    swapped for full ones (the window is then the mask's job; a cache the model would create itself is
    created here, as it would be, so that its layers can be swapped);
-2. the masks are built here from the 2-D mask, one per layer type, comparing the positions
-   (``cumsum(mask) - 1``) of query and key (:func:`hfpatch.positions.window_mask`), and handed to the
+2. the masks are built here from the 2-D mask (:func:`hfpatch.positions.window_mask`: real, causal, in
+   the query's packed sequence, within the window by position), one per layer type, and handed to the
    model as the ``{layer_type: mask}`` dict its forward takes (4.53+), or as the one 4-D mask of a model
-   with one layer type (Mistral, Mixtral, Starcoder2, Phi-3).
+   with one layer type, in the form its mask code reads (:data:`FORMS`).
 
 Only shapes, object types and tensor ops in the per-call path. The cost: a full-length cache for the
-sliding layers of such a call (the memory of a model without a window), and a mask per layer type.
+sliding layers of such a call (the memory of a model without a window), and a mask per layer type (a
+packed row: ``length x length`` booleans for SDPA, the model's float dtype for eager: as transformers'
+own mask for a packed row).
 """
 
 from __future__ import annotations
 
 import ast
 import inspect
+import re
 import textwrap
 from typing import Any, NamedTuple, Optional, Union
 
@@ -31,29 +38,59 @@ from . import caches
 from ._compat import cache_utils
 from .positions import cache_positions, window_mask
 
-__all__ = ["WindowPlan", "apply_windows", "configured_window", "positional", "smallest_window", "window_plan"]
+__all__ = [
+    "FORMS",
+    "MaskPlan",
+    "apply_masks",
+    "configured_window",
+    "mask_plan",
+    "packed_here",
+    "positional",
+    "smallest_window",
+]
 
 SLIDING, CHUNKED, FULL = "sliding_attention", "chunked_attention", "full_attention"
 KNOWN_TYPES = (FULL, SLIDING, CHUNKED)
 ATTENTION = ("eager", "sdpa")  # flash attention unpads and applies its own window; flex: left to stock
+FLEX = "flex_attention"  # a packed row's BlockMask, where the mask functions take one (4.53+)
+
+# how a class's mask code reads a 4-D mask it is given
+MASK_FUNCTIONS = "mask functions"  # masking_utils (4.53+): as given; bool for SDPA, float for eager
+ADDITIVE = "additive"  # ``_update_causal_mask`` 4.42-4.52: as given, 0 or the dtype's minimum
+BINARY = "binary"  # ``_update_causal_mask`` 4.38-4.41: 1 where attended, 0 where not
+FORMS = (MASK_FUNCTIONS, ADDITIVE, BINARY)
+CREATORS = (
+    "create_causal_mask", "create_sliding_window_causal_mask", "create_chunked_causal_mask",
+    "create_masks_for_generate",
+)  # fmt: skip
+_AS_GIVEN = re.compile(r"(?:dim\(\)|ndim) == 4:(?:\s*#[^\n]*)*\s*causal_mask = attention_mask\b")
 
 
-class WindowPlan(NamedTuple):
-    """What a class's code says about windows, read once when it is patched."""
+class MaskPlan(NamedTuple):
+    """What a class's code says about the masks it takes, read once when it is patched."""
 
+    form: str  # how its mask code reads a 4-D mask (FORMS)
     takes_mask_dict: bool  # its forward takes ``{layer_type: mask}`` as ``attention_mask`` (4.53+)
     sizes_by_slots: bool  # ``cache.get_mask_sizes(cache_position, layer)`` (4.53-4.57), else by query length
-    float_masks: bool  # before masking_utils (< 4.53) every 4-D mask a model takes is additive float
+    windowed: bool = False  # its own mask code applies a sliding window or chunks (eager or SDPA)
     switch_ignored: bool = False  # its mask applies ``config.sliding_window`` whatever ``use_sliding_window``
     # says (Qwen2 4.49-4.51, Qwen3 4.51: a window the config switches off is applied all the same)
     decoder_cache: bool = False  # an encoder-decoder model's decoder (T5Gemma): its cache is an
     # ``EncoderDecoderCache``, whose self-attention cache holds the windowed layers
+    packed: bool = True  # a row whose positions restart is kept to its sequences (not a seq2seq decoder's)
+
+    @property
+    def float_masks(self) -> bool:
+        """Before masking_utils (< 4.53) every 4-D mask a model takes is a float one."""
+        return self.form != MASK_FUNCTIONS
 
 
-def window_plan(owner: type) -> Optional[WindowPlan]:
-    """The plan, or None where the class's own mask code applies no window in eager or SDPA attention
-    (before 4.42, and Qwen2, Mixtral, Starcoder2, Phi-3 before 4.53: only their flash attention does,
-    over unpadded rows, so a windowed mask would make them wrong)."""
+def mask_plan(owner: type, packed: bool = True) -> Optional[MaskPlan]:
+    """The plan, or None where the class's mask code takes no 4-D mask hfpatch knows the form of (before
+    4.38, and models with mask code of their own: GPT-2 before 4.52 ...). ``windowed``: its own mask code
+    applies a window in eager or SDPA attention (from 4.42; Qwen2, Mixtral, Starcoder2, Phi-3 before
+    4.53 apply one only in flash attention, over unpadded rows, so a windowed mask would make them wrong).
+    ``packed``: whether a packed row is kept to its sequences (False: seq2seq decoders)."""
     try:
         source = inspect.getsource(inspect.unwrap(owner.forward))
         update = getattr(owner, "_update_causal_mask", None)
@@ -64,17 +101,25 @@ def window_plan(owner: type) -> Optional[WindowPlan]:
         return None
     # 4.53+: masks per layer type (a seq2seq decoder's: ``self_attn_mask_mapping``)
     takes_dict = "mask_mapping := attention_mask, dict" in source
+    if takes_dict and _dict_skips_a_name(source):
+        return None  # the forward cannot take the masks as a dict: its masks stay transformers'
     masking_utils = takes_dict or any(
         name in source for name in ("create_sliding_window_causal_mask", "create_chunked_causal_mask")
     )
-    if not (masking_utils or "sliding_window" in update_source):
+    windowed = masking_utils or "sliding_window" in update_source
+    if takes_dict or any(name in source + update_source for name in CREATORS):
+        form = MASK_FUNCTIONS
+    elif _AS_GIVEN.search(update_source + builder_source) or (windowed and update_source):
+        form = ADDITIVE
+    elif "mask_slice" in update_source:
+        form = BINARY
+    else:
         return None
-    if takes_dict and _dict_skips_a_name(source):
-        return None  # the forward cannot take the masks as a dict: its windows stay transformers'
     getter = getattr(cache_utils.Cache, "get_mask_sizes", None)
     by_slots = getter is not None and "cache_position" in inspect.signature(getter).parameters
     ignored = not masking_utils and "use_sliding_window" not in update_source + builder_source
-    return WindowPlan(takes_dict, by_slots, not masking_utils, ignored, "EncoderDecoderCache(" in source)
+    decoder = "EncoderDecoderCache(" in source
+    return MaskPlan(form, takes_dict, by_slots, windowed, ignored, decoder, packed)
 
 
 def _dict_skips_a_name(source: str) -> bool:
@@ -99,47 +144,86 @@ def _dict_skips_a_name(source: str) -> bool:
     return False
 
 
-def apply_windows(
-    model: Any, window: WindowPlan, cache_kw: Optional[str], kwargs: dict, cache: Any,
+def apply_masks(
+    model: Any, plan: MaskPlan, cache_kw: Optional[str], kwargs: dict, cache: Any,
     mask: torch.Tensor, num_new: int, start: Union[int, torch.Tensor],
-) -> None:  # fmt: skip
-    """After positions are derived: keep the cache whole and replace ``kwargs["attention_mask"]`` (the
-    2-D ``mask``, whose new tokens start at column ``start`` (an int) or sit at the 1-D slots ``start``) with
-    position-window masks, where the model's config has windowed layers this handles."""
+    packed: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+) -> bool:  # fmt: skip
+    """Replace ``kwargs["attention_mask"]`` (the 2-D ``mask``, whose new tokens start at column ``start``
+    (an int) or sit at the 1-D slots ``start``) with masks by position, where the model's config has
+    windowed layers this handles (keeping the cache whole), or where ``packed`` (positions and
+    :func:`hfpatch.positions.segments` of a packed row, over the mask's columns) says several sequences
+    share a row. Returns False where the masks stay transformers' for want of a way to build them here
+    (the attention, a layer type this does not know, a cache whose sliding layers it cannot keep whole)."""
     config = _text_config(model)
-    if getattr(config, "_attn_implementation", None) not in ATTENTION:
-        return
-    types = _layer_types(config, window)
+    attention = getattr(config, "_attn_implementation", None)
+    flex = attention == FLEX and packed is not None and plan.form == MASK_FUNCTIONS
+    if attention not in ATTENTION and not flex:
+        return False
+    types = _layer_types(config, plan) if plan.windowed else [FULL]
     windows = {kind: _window_of(config, kind) for kind in dict.fromkeys(types)}
-    if window.decoder_cache:  # T5Gemma 2 merges each kind with the cross mask, whichever its layers use
+    if plan.decoder_cache:  # T5Gemma 2 merges each kind with the cross mask, whichever its layers use
         windows.setdefault(FULL, None)
     sizes = [size for size in windows.values() if size is not None]
-    if not sizes or not set(windows) <= set(KNOWN_TYPES) or (len(windows) > 1 and not window.takes_mask_dict):
-        return  # no window, a layer type this does not know (linear, hybrid ...): left to stock
-    wants_cache = kwargs.get("use_cache")  # None (a seq2seq model passes its own on): the config says
-    if wants_cache is None:
-        wants_cache = getattr(config, "use_cache", True)
-    if cache is None and cache_kw is not None and wants_cache:
-        cache = _new_cache(model.config, window.decoder_cache)
-        if cache is not None:
-            kwargs[cache_kw] = cache
-    cache = caches.own(cache)  # a decoder's EncoderDecoderCache: its self-attention one holds the windows
-    if cache is not None and not caches.keep_whole_window(cache):
-        return  # a cache whose sliding layers this cannot keep whole (4.45-4.53 fixed-size ones): stock
-    if mask.shape[1] <= min(window or chunk for window, chunk in sizes):
-        return  # every key is inside every window, by column and by position alike: stock's masks are right
+    if not set(windows) <= set(KNOWN_TYPES) or (len(windows) > 1 and not plan.takes_mask_dict):
+        return False  # a layer type this does not know (linear, hybrid ...): left to stock
+    if packed is None:
+        if not sizes:
+            return True  # no window: nothing to decide by position
+        cache = _whole_cache(model, plan, config, cache_kw, kwargs, cache)
+        if cache is False:
+            return False
+        if mask.shape[1] <= min(window or chunk for window, chunk in sizes):
+            return True  # every key is inside every window, by column and by position alike: stock's are right
+    positions, segment_ids = packed if packed is not None else (None, None)
     slots = start if isinstance(start, torch.Tensor) else cache_positions(num_new, start, mask.device)
     first = {kind: types.index(kind) if kind in types else 0 for kind in windows}  # (a kind no layer uses)
     masks = {}
     for kind, size in windows.items():
-        kv_length, kv_offset = _mask_sizes(window, cache, first[kind], slots, mask.shape[1] - num_new)
+        kv_length, kv_offset = _mask_sizes(plan, cache, first[kind], slots, mask.shape[1] - num_new)
         padded = mask
         if kv_length + kv_offset > mask.shape[1]:  # a static cache's columns past the mask: pads
             padded = torch.nn.functional.pad(mask, (0, kv_length + kv_offset - mask.shape[1]))
         keys = torch.arange(kv_length, device=mask.device) + kv_offset
-        allowed = window_mask(padded, slots, keys, *(size or (None, None)))
-        masks[kind] = _as_model_takes(allowed, window, config, model.dtype)
-    kwargs["attention_mask"] = masks if window.takes_mask_dict else masks[types[0]]
+        allowed = window_mask(
+            padded, slots, keys, *(size or (None, None)), positions=positions, segment_ids=segment_ids
+        )
+        masks[kind] = _as_model_takes(allowed, plan, attention, model.dtype)
+    kwargs["attention_mask"] = masks if plan.takes_mask_dict else masks[types[0]]
+    return True
+
+
+def _whole_cache(
+    model: Any, plan: MaskPlan, config: Any, cache_kw: Optional[str], kwargs: dict, cache: Any
+) -> Any:
+    """The cache with its sliding layers kept whole (one the model would create itself is created here,
+    as it would be, so that its layers can be swapped); False for a cache whose sliding layers this
+    cannot keep whole (4.45-4.53's fixed-size ones)."""
+    wants_cache = kwargs.get("use_cache")  # None (a seq2seq model passes its own on): the config says
+    if wants_cache is None:
+        wants_cache = getattr(config, "use_cache", True)
+    if cache is None and cache_kw is not None and wants_cache:
+        cache = _new_cache(model.config, plan.decoder_cache)
+        if cache is not None:
+            kwargs[cache_kw] = cache
+    cache = caches.own(cache)  # a decoder's EncoderDecoderCache: its self-attention one holds the windows
+    if cache is not None and not caches.keep_whole_window(cache):
+        return False
+    return cache
+
+
+def packed_here(model: Any, plan: Optional[MaskPlan]) -> bool:
+    """Whether a packed row of ``model`` (the patched module's plan) is kept to its sequences: its mask
+    code takes a 4-D mask, for layer types this knows, in an attention that reads it (eager, SDPA; flex
+    where the mask functions take its BlockMask)."""
+    if plan is None or not plan.packed:
+        return False
+    config = _text_config(model)
+    attention = getattr(config, "_attn_implementation", None)
+    if attention not in ATTENTION and not (attention == FLEX and plan.form == MASK_FUNCTIONS):
+        return False
+    kinds = set(_layer_types(config, plan)) if plan.windowed else {FULL}
+    return kinds <= set(KNOWN_TYPES) and (len(kinds) == 1 or plan.takes_mask_dict)
 
 
 def positional(model: Any, cls: str) -> bool:
@@ -147,8 +231,8 @@ def positional(model: Any, cls: str) -> bool:
     one) builds windowed masks hfpatch can replace, for layer types it knows, in eager or SDPA attention."""
     owner = _owner(model, cls)
     config = _text_config(model)
-    plan = window_plan(owner) if owner is not None else None
-    if plan is None:
+    plan = mask_plan(owner) if owner is not None else None
+    if plan is None or not plan.windowed:
         return False
     kinds = set(_layer_types(config, plan))
     return (
@@ -163,7 +247,7 @@ def smallest_window(model: Any, cls: Optional[str] = None) -> Optional[int]:
     class, whose mask code may apply a window its config switches off)."""
     config = _text_config(model)
     owner = _owner(model, cls) if cls else None
-    types = _layer_types(config, window_plan(owner) if owner is not None else None)
+    types = _layer_types(config, mask_plan(owner) if owner is not None else None)
     sizes = [size for kind in set(types) for size in _window_of(config, kind) or () if size]
     return min(sizes) if sizes else None
 
@@ -193,7 +277,7 @@ def _text_config(model: Any) -> Any:
     return config
 
 
-def _layer_types(config: Any, plan: Optional[WindowPlan] = None) -> list[str]:
+def _layer_types(config: Any, plan: Optional[MaskPlan] = None) -> list[str]:
     types = getattr(config, "layer_types", None)
     count = config.num_hidden_layers
     if types is None:
@@ -215,9 +299,7 @@ def _window_of(config: Any, kind: str) -> Optional[tuple[Optional[int], Optional
     return None
 
 
-def _mask_sizes(
-    window: WindowPlan, cache: Any, layer: int, slots: torch.Tensor, past: int
-) -> tuple[int, int]:
+def _mask_sizes(plan: MaskPlan, cache: Any, layer: int, slots: torch.Tensor, past: int) -> tuple[int, int]:
     """The (length, offset) of the keys a layer attends to, as transformers computes them."""
     num_new = slots.shape[0]
     layers = getattr(cache, "layers", None)
@@ -226,19 +308,33 @@ def _mask_sizes(
     if not hasattr(cache, "get_mask_sizes"):  # 4.42-4.52: a growing cache holds every column
         size = caches.capacity(cache)
         return (size, 0) if size is not None else (past + num_new, 0)
-    if window.sizes_by_slots:
+    if plan.sizes_by_slots:
         return cache.get_mask_sizes(slots, layer)
     return cache.get_mask_sizes(num_new, layer)
 
 
-def _as_model_takes(
-    allowed: torch.Tensor, window: WindowPlan, config: Any, dtype: torch.dtype
-) -> torch.Tensor:
-    """Eager attention adds its mask: the float form; SDPA (4.53+) takes the boolean one."""
-    if window.float_masks or config._attn_implementation == "eager":
+def _as_model_takes(allowed: torch.Tensor, plan: MaskPlan, attention: str, dtype: torch.dtype) -> Any:
+    """What the model's mask code reads (:data:`FORMS`): eager attention adds its mask (the float form);
+    SDPA (4.53+) takes the boolean one, flex a ``BlockMask``; 4.38-4.41 take 1 where attended."""
+    if plan.form == BINARY:
+        return allowed.to(dtype)
+    if plan.float_masks or attention == "eager":
         zero = torch.zeros((), dtype=dtype, device=allowed.device)
         return torch.where(allowed, zero, torch.finfo(dtype).min)
+    if attention == FLEX:
+        return _block_mask(allowed)
     return allowed
+
+
+def _block_mask(allowed: torch.Tensor) -> Any:
+    """Flex attention's ``BlockMask`` of a boolean ``[batch, 1, queries, keys]`` mask."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def mask_mod(batch: Any, head: Any, query: Any, key: Any) -> Any:
+        return allowed[batch, 0, query, key]
+
+    batch, _, queries, keys = allowed.shape
+    return create_block_mask(mask_mod, batch, None, queries, keys, device=allowed.device)
 
 
 def _new_cache(config: Any, decoder: bool = False) -> Any:

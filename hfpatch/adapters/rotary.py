@@ -36,6 +36,7 @@ RECURRENT_STATE = (
     "keeps a recurrent state inside the model and returns no KV cache: a padded batch in one call is "
     "fixed (its recurrence restarts where position_ids are 0); a padded prefix continued later is not"
 )
+CARRIES_STATE = "its recurrent blocks carry their state from one packed sequence into the next"
 LLAMA4_NOPE = (
     "NoPE layers with attention temperature tuning (floor_scale) read positions from the cache length, "
     "not position_ids: left padding stays slightly wrong there (9e-3 on a tiny model)"
@@ -133,7 +134,7 @@ ADAPTERS = (
     Adapter("olmo3", "Olmo3Model", ROTARY, "4.57"),
     Adapter("olmoe", "OlmoeModel", ROTARY, "4.45"),
     Adapter("persimmon", "PersimmonModel", ROTARY, "4.34"),
-    Adapter("recurrent_gemma", "RecurrentGemmaModel", ROTARY, "4.40", limits=(RECURRENT_STATE,)),
+    Adapter("recurrent_gemma", "RecurrentGemmaModel", ROTARY, "4.40", limits=(RECURRENT_STATE,), packs=CARRIES_STATE),
     Adapter("fuyu", "FuyuModel", ROTARY, "4.52"),  # multimodal: counts positions itself
     Adapter("phi", "PhiModel", ROTARY, "4.36"),
     Adapter("phi3", "Phi3Model", ROTARY, "4.41"),
