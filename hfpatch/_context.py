@@ -6,6 +6,8 @@ that runs inside a call reads it from here.
   a patched forward sets ``pending`` (:mod:`hfpatch.decoders`) and ``eager_mask``
   (:class:`SdpaSwitch`) for the duration of its original call.
 - :class:`Pin`: per adapter, whether ``apply()`` holds it process-wide (read by its patched forward).
+- :data:`PACKED`: process-wide, whether a row whose positions restart is kept to the sequences it packs
+  (``apply(packed=False)``, ``HFPATCH_PACKED=0``: left to stock).
 - :data:`WATCHERS`: process-wide observers of patched classes' calls (``hfpatch.audit``,
   ``hfpatch.shadow``): while one is registered no pin is fast, and the outermost call of a patched
   forward in a thread runs through them (``CALL.watching`` is set inside, so nested calls are not
@@ -22,6 +24,7 @@ from typing import Any, Callable, Optional
 
 __all__ = [
     "CALL",
+    "PACKED",
     "SHADOW_COUNTS",
     "WATCHERS",
     "CarryContext",
@@ -100,6 +103,8 @@ def close_block(previous: Optional[dict[str, bool]]) -> None:
             for pin in _PINS:
                 pin.fast = pin._pinned
 
+
+PACKED = [True]  # packed rows kept to their sequences (apply(packed=...)); a list, read at each call
 
 # the observers of every patched forward's calls, outermost first: each is called as
 # ``watcher(seen, call)`` and returns ``call()`` (see hfpatch.forward.Seen); a tuple, replaced whole

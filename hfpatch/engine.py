@@ -30,9 +30,9 @@ from types import MappingProxyType
 from typing import Any, Callable, NamedTuple, Optional, Union
 
 from . import custom
-from ._context import CALL, SHADOW_COUNTS, Pin, close_block, open_block
+from ._context import CALL, PACKED, SHADOW_COUNTS, Pin, close_block, open_block
 from .adapters import ADAPTERS, UNDECLARED
-from .declarations import NOT_COVERED, Adapter, Undeclared
+from .declarations import NOT_COVERED, THROUGH_LANGUAGE_MODEL, Adapter, Undeclared
 from .patches import ABSENT, Ledger, Patch
 from .support import (
     CUSTOM,
@@ -114,8 +114,11 @@ class AdapterStatus(NamedTuple):
     """One model type: its ``state`` (``applied``, ``waiting for import``, ``skipped``, ``not applied``;
     or, for model types hfpatch does not patch, ``right on stock``, ``not fixable by positions``,
     ``not covered``, ``through its language model``), why, the ``target`` and ``versions`` of the adapter
-    that patches it, and its ``support`` on the installed release (``tested``, ``untested newer``,
-    ``known-bad``, ``unverified``, ``outside``; empty for model types without an adapter)."""
+    that patches it, its ``support`` on the installed release (``tested``, ``untested newer``,
+    ``known-bad``, ``unverified``, ``outside``; empty for model types without an adapter), and
+    ``packed``: whether a row packing several sequences (positions that restart) is kept to them
+    (``yes (eager, SDPA ...)``, ``no: why``; empty where no such row reaches it, or until its module is
+    imported)."""
 
     arch: str
     target: str
@@ -123,6 +126,7 @@ class AdapterStatus(NamedTuple):
     state: str
     reason: str
     support: str
+    packed: str = ""
 
 
 class Status(Mapping):
@@ -175,13 +179,16 @@ class Status(Mapping):
         return f"Status(transformers={self.transformers!r}, adapters={self.adapters!r})"
 
     def __str__(self) -> str:
-        rows = [("arch", "state", "support", "target", "reason")]
-        rows += [(a.arch, a.state, a.support, a.target, a.reason) for a in self.adapters]
-        widths = [max(len(row[i]) for row in rows) for i in range(4)]
+        rows = [("arch", "state", "support", "packed", "target", "reason")]
+        rows += [
+            (a.arch, a.state, a.support, a.packed.split(" ")[0].rstrip(":"), a.target, a.reason)
+            for a in self.adapters
+        ]
+        widths = [max(len(row[i]) for row in rows) for i in range(5)]
         lines = [f"transformers {self.transformers or 'not installed'}"]
         if self.applied_by:
             lines.append(f"applied by {self.applied_by}")
-        lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[4] for row in rows]
+        lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[5] for row in rows]
         if self.shadow["checked"]:
             lines.append(
                 f"shadow checks: {self.shadow['checked']} rows, {self.shadow['mismatches']} mismatches"
@@ -235,18 +242,27 @@ def patchable(arch: str) -> bool:
         return allowed and not state.class_differs and (state.checked is not False or state.forced)
 
 
-def apply(archs: Archs = None, *, ignore_ranges: bool = False) -> Status:
+def apply(archs: Archs = None, *, ignore_ranges: bool = False, packed: Optional[bool] = None) -> Status:
     """Patch every registered adapter (or the named model types) whose release range admits the
     installed transformers. Idempotent and thread-safe; never raises because of the installed release.
     ``ignore_ranges=True`` patches them on this release whatever their declared range says (an
     unverified release, an older one, a known-bad one: where the class and its signature match), until
-    ``revert()``; ``status()`` still shows their support.
+    ``revert()``; ``status()`` still shows their support. ``packed=False`` leaves rows whose positions
+    restart (several sequences packed into one row) to stock for the whole process, for layouts where
+    such positions mean something else; ``True`` keeps them to their sequences again (the default; None:
+    as it was).
 
     >>> import hfpatch
     >>> hfpatch.apply()                # doctest: +SKIP
     >>> hfpatch.apply(["qwen2"])       # doctest: +SKIP
     """
+    if packed is not None and not isinstance(packed, bool):
+        raise TypeError(f"packed: expected True, False or None, got {packed!r}")
+    if not isinstance(ignore_ranges, bool):
+        raise TypeError(f"ignore_ranges: expected True or False, got {ignore_ranges!r}")
     with _lock:
+        if packed is not None:
+            PACKED[0] = packed
         if archs is None:
             _discover()
             _watch_new_classes()
@@ -413,7 +429,10 @@ def status() -> Status:
                     reason += f"; {alias} is unverified before {since[alias]} (its tiny model builds there)"
                     alias_entry = alias_entry._replace(reason=reason, support=UNVERIFIED)
                 entries.append(alias_entry)
-        entries += [AdapterStatus(u.arch, "", "", u.verdict, u.reason, "") for u in _undeclared.values()]
+        entries += [
+            AdapterStatus(u.arch, "", "", u.verdict, u.reason, "", _packed_undeclared(u))
+            for u in _undeclared.values()
+        ]
         entries += [
             AdapterStatus(arch, "", "", NOT_COVERED, why, CUSTOM) for arch, why in _left_alone.items()
         ]
@@ -448,7 +467,14 @@ def _adapter_status(state: _State, version: Any) -> AdapterStatus:
         entry = (NOT_APPLIED, "patched only inside other threads' hfpatch.patched() blocks")
     else:
         entry = (NOT_APPLIED, "hfpatch.apply() has not been called (or revert() was)")
-    return AdapterStatus(adapter.arch, adapter.target, adapter.versions, *entry, verdict.level)
+    packed = getattr(state.rows[0].replacement, "__hfpatch_packed__", "") if state.rows else ""
+    return AdapterStatus(adapter.arch, adapter.target, adapter.versions, *entry, verdict.level, packed)
+
+
+def _packed_undeclared(entry: Undeclared) -> str:
+    """A model type hfpatch does not patch keeps its packed rows as stock does: not to their sequences
+    (a wrapper whose language model is patched: that one says)."""
+    return "" if entry.verdict == THROUGH_LANGUAGE_MODEL else "no: hfpatch does not patch it"
 
 
 def select(archs: Archs) -> list[str]:

@@ -39,7 +39,7 @@ from torch import Tensor
 
 from . import caches
 from ._compat import CACHE_NAMES
-from ._context import CALL, WATCHERS, Pin, patched_here
+from ._context import CALL, PACKED, WATCHERS, Pin, patched_here
 from .caches import CAPACITY
 from .declarations import Adapter
 from .decoders import call_with_positions
@@ -123,7 +123,25 @@ def make_forward(adapter: Adapter, original: Callable, plan: Plan, pin: Pin) -> 
         return original(self, **kwargs)
 
     forward.__hfpatch_adapter__ = arch  # type: ignore[attr-defined]
+    forward.__hfpatch_packed__ = packed_support(adapter, plan)  # type: ignore[attr-defined]
     return forward
+
+
+def packed_support(adapter: Adapter, plan: Plan) -> str:
+    """What ``status()`` says of a class's packed rows (rows whose positions restart): ``yes`` and the
+    attention that gets the mask by sequence, ``no: why``, or ``""`` where no such row reaches it (the
+    decoders of encoder-decoder models, multimodal wrappers: their text model is patched)."""
+    family = adapter.family
+    if family.hands_to is not None or family.multimodal or family.seq2seq:
+        return ""
+    if adapter.packs is not None:
+        return f"no: {adapter.packs}"
+    if plan.masks is None or not plan.masks.packed:
+        return f"no: {NO_4D_MASK}"
+    return "yes (eager, SDPA, flex)" if plan.masks.form == MASK_FUNCTIONS else "yes (eager, SDPA)"
+
+
+NO_4D_MASK = "its mask code takes no 4-D mask on this transformers release"
 
 
 class Seen(NamedTuple):
@@ -180,9 +198,6 @@ def given_masks(model: Any, adapter: Adapter, plan: Plan, kwargs: dict, cache: A
         given_windows(model, plan, masks, kwargs, cache)
 
 
-PACKED = [True]  # hfpatch.apply(packed=False): rows whose positions restart are left to stock
-
-
 def packed_rows(kwargs: dict, plan: Plan, cache: Any) -> Optional[tuple[Tensor, Tensor, Tensor]]:
     """(the 2-D mask, the positions, :func:`hfpatch.positions.segments`) of a call whose caller's
     ``position_ids`` restart inside a row (several sequences packed into it), with nothing cached before
@@ -219,7 +234,7 @@ def _not_kept(model: Any, adapter: Adapter, masks: Optional[MaskPlan], kwargs: d
     if attention is not None and attention.startswith("flash") and kwargs.get("attention_mask") is None:
         return ""
     if masks is None or not masks.packed:
-        return "its mask code takes no 4-D mask on this transformers release"
+        return NO_4D_MASK
     if not packed_here(model, masks):
         taken = "eager, SDPA" + (" or flex" if masks.form == MASK_FUNCTIONS else "")
         return f"with {attention} attention (a mask by sequence reaches {taken} attention) or its layer types"

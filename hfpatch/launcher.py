@@ -4,6 +4,7 @@ every process it starts (read by :mod:`hfpatch.auto`).
     HFPATCH_ARCHS=qwen2,llama   # only these model types (default: every adapter)
     HFPATCH_DISABLED=1          # do nothing (also: true, yes, on)
     HFPATCH_SHADOW=0.01         # also check that share of calls against their rows alone (hfpatch.shadow)
+    HFPATCH_PACKED=0            # rows whose positions restart are left to stock (apply(packed=False))
 
 ``hfpatch audit -- CMD`` sets ``HFPATCH_AUDIT`` (a folder): its processes run stock and count what
 stock gets wrong (:mod:`hfpatch.auditing`), each writing its counts there at exit.
@@ -45,10 +46,14 @@ DISABLED_VARIABLE = "HFPATCH_DISABLED"
 LAUNCHED_VARIABLE = "HFPATCH_LAUNCHED"  # set by `hfpatch run`, inherited by every child process
 SHADOW_VARIABLE = "HFPATCH_SHADOW"  # the share of calls hfpatch.shadowing checks
 AUDIT_VARIABLE = "HFPATCH_AUDIT"  # set by `hfpatch audit`: the folder its processes write counts to
+PACKED_VARIABLE = "HFPATCH_PACKED"  # 0: packed rows left to stock (apply(packed=False))
 RAY_HOOK_VARIABLE = "RAY_RUNTIME_ENV_HOOK"  # Ray's: a function that rewrites each ray.init()'s runtime_env
 RAY_RUNTIME_ENV_HOOK = "hfpatch.workers.ray_runtime_env"
-VARIABLES = (ARCHS_VARIABLE, DISABLED_VARIABLE, SHADOW_VARIABLE, LAUNCHED_VARIABLE, AUDIT_VARIABLE)
+VARIABLES = (
+    ARCHS_VARIABLE, DISABLED_VARIABLE, SHADOW_VARIABLE, PACKED_VARIABLE, LAUNCHED_VARIABLE, AUDIT_VARIABLE
+)  # fmt: skip
 TRUE = ("1", "true", "yes", "on")
+FALSE = ("0", "false", "no", "off")
 CANNOT_RUN, NOT_EXECUTABLE, NOT_FOUND = 2, 126, 127  # exit statuses of `hfpatch run` itself
 
 
@@ -61,6 +66,7 @@ def read_environment(environ: Mapping[str, str]) -> Optional[list[str]]:
     shadow = environ.get(SHADOW_VARIABLE, "").strip()
     if shadow and not _is_rate(shadow):
         raise ValueError(f"{SHADOW_VARIABLE}={shadow}: expected a share of calls from 0 to 1")
+    read_packed(environ)
     names = [name.strip() for name in environ.get(ARCHS_VARIABLE, "").split(",") if name.strip()]
     if not names:
         return names
@@ -71,6 +77,17 @@ def read_environment(environ: Mapping[str, str]) -> Optional[list[str]]:
             f"{ARCHS_VARIABLE}={environ[ARCHS_VARIABLE]}: {str(exc).removeprefix('archs: ')}"
         ) from None
     return names
+
+
+def read_packed(environ: Mapping[str, str]) -> Optional[bool]:
+    """``HFPATCH_PACKED``: False (0, false, no, off), True (1, true, yes, on) or None (unset); anything
+    else is a ``ValueError`` naming the variable."""
+    value = environ.get(PACKED_VARIABLE, "").strip().lower()
+    if not value:
+        return None
+    if value not in TRUE + FALSE:
+        raise ValueError(f"{PACKED_VARIABLE}={environ[PACKED_VARIABLE]}: expected 0 or 1")
+    return value in TRUE
 
 
 def _is_rate(value: str) -> bool:
@@ -111,7 +128,7 @@ def apply_from_environment(how: Optional[str] = None) -> None:
         how = "import hfpatch.auto"
     if names:
         how += f", {ARCHS_VARIABLE}={','.join(names)}"
-    engine.apply(names or None)
+    engine.apply(names or None, packed=read_packed(os.environ))
     engine.applied_by(how)
     rate = os.environ.get(SHADOW_VARIABLE, "").strip()
     if rate:  # checked by read_environment above

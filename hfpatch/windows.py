@@ -29,6 +29,7 @@ from __future__ import annotations
 import ast
 import inspect
 import re
+import sys
 import textwrap
 from typing import Any, NamedTuple, Optional, Union
 
@@ -95,8 +96,10 @@ def mask_plan(owner: type, packed: bool = True) -> Optional[MaskPlan]:
         source = inspect.getsource(inspect.unwrap(owner.forward))
         update = getattr(owner, "_update_causal_mask", None)
         update_source = inspect.getsource(update) if update is not None else ""
-        builder = getattr(owner, "_prepare_4d_causal_attention_mask_with_cache_position", None)
-        builder_source = inspect.getsource(builder) if builder is not None else ""  # the 4-D mask it builds
+        # the 4-D mask it builds: a static method (4.44, 4.46+) or a function of its module (4.45)
+        name = "_prepare_4d_causal_attention_mask_with_cache_position"
+        builder = getattr(owner, name, None) or getattr(sys.modules.get(owner.__module__), name, None)
+        builder_source = inspect.getsource(builder) if builder is not None else ""
     except (OSError, TypeError):
         return None
     # 4.53+: masks per layer type (a seq2seq decoder's: ``self_attn_mask_mapping``)
@@ -180,6 +183,9 @@ def apply_masks(
     first = {kind: types.index(kind) if kind in types else 0 for kind in windows}  # (a kind no layer uses)
     masks = {}
     for kind, size in windows.items():
+        if flex:  # a packed row (nothing cached): its BlockMask, from the rule's parts
+            masks[kind] = _block_mask(mask, positions, segment_ids, *(size or (None, None)))
+            continue
         kv_length, kv_offset = _mask_sizes(plan, cache, first[kind], slots, mask.shape[1] - num_new)
         padded = mask
         if kv_length + kv_offset > mask.shape[1]:  # a static cache's columns past the mask: pads
@@ -315,26 +321,53 @@ def _mask_sizes(plan: MaskPlan, cache: Any, layer: int, slots: torch.Tensor, pas
 
 def _as_model_takes(allowed: torch.Tensor, plan: MaskPlan, attention: str, dtype: torch.dtype) -> Any:
     """What the model's mask code reads (:data:`FORMS`): eager attention adds its mask (the float form);
-    SDPA (4.53+) takes the boolean one, flex a ``BlockMask``; 4.38-4.41 take 1 where attended."""
+    SDPA (4.53+) takes the boolean one; 4.38-4.41 take 1 where attended."""
     if plan.form == BINARY:
         return allowed.to(dtype)
     if plan.float_masks or attention == "eager":
         zero = torch.zeros((), dtype=dtype, device=allowed.device)
         return torch.where(allowed, zero, torch.finfo(dtype).min)
-    if attention == FLEX:
-        return _block_mask(allowed)
     return allowed
 
 
-def _block_mask(allowed: torch.Tensor) -> Any:
-    """Flex attention's ``BlockMask`` of a boolean ``[batch, 1, queries, keys]`` mask."""
+def _block_mask(
+    mask: torch.Tensor, positions: torch.Tensor, segment_ids: torch.Tensor,
+    window: Optional[int], chunk: Optional[int],
+) -> Any:  # fmt: skip
+    """Flex attention's ``BlockMask`` of a packed row with nothing cached: the rule of
+    :func:`hfpatch.positions.window_mask` as a ``mask_mod`` over ``[batch, length]`` tensors, as
+    transformers' own mask functions are (nothing ``length x length`` is made). One closure per tensor:
+    the CPU flex kernel of torch 2.13 fails to compile a ``mask_mod`` that closes over several
+    ("'cur_kvSplitSize' was not declared")."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    def mask_mod(batch: Any, head: Any, query: Any, key: Any) -> Any:
-        return allowed[batch, 0, query, key]
+    batch, length = mask.shape
+    segment_ids, positions = (t.expand(batch, length).contiguous() for t in (segment_ids, positions))
+    parts = [_key_is(mask != 0), _same(segment_ids)]
+    if window is not None:
+        parts.append(_within(positions, window))
+    if chunk is not None:
+        parts.append(_same(positions.div(chunk, rounding_mode="floor")))
 
-    batch, _, queries, keys = allowed.shape
-    return create_block_mask(mask_mod, batch, None, queries, keys, device=allowed.device)
+    def mask_mod(b: Any, head: Any, query: Any, key: Any) -> Any:
+        seen = key <= query
+        for part in parts:
+            seen = seen & part(b, query, key)
+        return seen | (key == query)
+
+    return create_block_mask(mask_mod, batch, None, length, length, device=mask.device)
+
+
+def _key_is(real: torch.Tensor) -> Any:
+    return lambda b, query, key: real[b, key]
+
+
+def _same(values: torch.Tensor) -> Any:
+    return lambda b, query, key: values[b, query] == values[b, key]
+
+
+def _within(positions: torch.Tensor, window: int) -> Any:
+    return lambda b, query, key: positions[b, query] - positions[b, key] < window
 
 
 def _new_cache(config: Any, decoder: bool = False) -> Any:
