@@ -841,6 +841,134 @@ def _watched_pair(model: Any, kwargs: dict, pair: tuple, after: Optional[Callabl
     return interleaved(timed, steps=steps)
 
 
+PACKED_LENGTHS = (16, 256)  # the sequences of a packed training step: random lengths in this range
+
+
+def packed_training_step(sequences: int, repeats: int = 15) -> list[str]:
+    """A training step (forward and backward, no optimizer) of ``sequences`` sequences of random
+    lengths packed into one row (positions restarting, as ``DataCollatorWithFlattening`` makes it):
+    hfpatch (kept to its sequences) vs stock (each sequence sees the ones before it), vs the same
+    sequences as a right-padded batch (hfpatch, exact too), and an A/A row (stock vs stock)."""
+    model = tiny_model("llama", sizes=SMALL, attention="sdpa").train()
+    generator = torch.Generator().manual_seed(0)
+    lengths = torch.randint(
+        PACKED_LENGTHS[0], PACKED_LENGTHS[1] + 1, (sequences,), generator=generator
+    ).tolist()
+    rows = [torch.randint(1, 1000, (n,), generator=generator) for n in lengths]
+    packed = {
+        "input_ids": torch.cat(rows)[None],
+        "position_ids": torch.cat([torch.arange(n) for n in lengths])[None],
+        "labels": torch.cat([torch.cat([torch.tensor([-100]), row[1:]]) for row in rows])[None],
+    }
+    longest = max(lengths)
+    ids = torch.zeros(sequences, longest, dtype=torch.long)
+    mask = torch.zeros(sequences, longest, dtype=torch.long)
+    for r, row in enumerate(rows):
+        ids[r, : len(row)], mask[r, : len(row)] = row, 1
+    padded = {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+
+    def step(kwargs: dict, stock: bool) -> Callable[[], Any]:
+        def run() -> Any:
+            model.zero_grad(set_to_none=True)
+            with _stock_if(stock):
+                loss = model(**kwargs).loss
+                loss.backward()
+            return loss
+
+        return run
+
+    hfpatch_packed, stock_packed = step(packed, False), step(packed, True)
+    losses = [float(run()) for run in (hfpatch_packed, stock_packed, step(padded, False))]
+    out = []
+    tokens = f"{sequences} of {PACKED_LENGTHS[0]}-{PACKED_LENGTHS[1]} ({sum(lengths)} tokens)"
+    for label, a, b, loss_a, loss_b in (
+        ("packed: hfpatch vs stock", hfpatch_packed, stock_packed, losses[0], losses[1]),
+        ("hfpatch: packed vs padded", hfpatch_packed, step(padded, False), losses[0], losses[2]),
+        ("A/A: stock packed vs stock packed", stock_packed, stock_packed, losses[1], losses[1]),
+    ):
+        ratio, ms_a, ms_b = median_ratio(a, b, repeats=repeats)
+        out.append(
+            f"| {label} | {tokens} | {ms_a:.0f} | {ms_b:.0f} | **{ratio:.3f}** | {loss_a:.5f} | {loss_b:.5f} |"
+        )
+    return out
+
+
+def packed_mask_memory(length: int) -> list[str]:
+    """The bytes of the mask by sequence hfpatch hands a packed row of ``length`` tokens, next to the mask
+    transformers builds itself for the same row where it detects the packing (no mask, no cache), per
+    attention."""
+    from hfpatch.positions import segments
+    from hfpatch.windows import MASK_FUNCTIONS, MaskPlan, apply_masks
+
+    out = []
+    positions = torch.cat([torch.arange(n) for n in (length // 4,) * 4])[None]
+    for attention in ("sdpa", "eager"):
+        model = tiny_model("llama", attention=attention)
+        kwargs: dict = {}
+        mask = torch.ones(1, length, dtype=torch.bool)
+        plan = MaskPlan(MASK_FUNCTIONS, False, False)
+        apply_masks(
+            model.model, plan, "cache", kwargs, None, mask, length, 0, (positions, segments(positions))
+        )
+        ours = kwargs["attention_mask"]
+        theirs = _transformers_packed_mask(model, positions)
+        size = lambda t: "-" if t is None else f"{t.numel() * t.element_size() / 2**20:.0f} MiB ({t.dtype})"  # noqa: E731
+        out.append(f"| {attention} | {length} | {size(ours)} | {size(theirs)} |")
+    return out
+
+
+def _transformers_packed_mask(model: Any, positions: torch.Tensor) -> Optional[torch.Tensor]:
+    """The mask transformers' own ``create_causal_mask`` builds for a packed row (no mask, no cache)."""
+    try:
+        from transformers.masking_utils import create_causal_mask
+    except ImportError:
+        return None
+    embeds = torch.zeros(1, positions.shape[1], model.config.hidden_size)
+    with hfpatch.unpatched():
+        mask = create_causal_mask(model.config, embeds, None, None, position_ids=positions)
+    return mask if isinstance(mask, torch.Tensor) else None
+
+
+def _crop(sides: list) -> None:
+    """Take back the step just taken on each side (its cache and its mask), outside the timing."""
+    for side in sides:
+        side["cache"].crop(-1)
+        side["mask"] = side["mask"][:, : side["prompt"]]
+
+
+def plain_decode_with_positions(batch: int, prompt: int, steps: int = 1001) -> list[str]:
+    """A decode step as ``generate()`` makes it (``position_ids`` passed, one new token) on Llama with
+    no window: hfpatch looks for packed rows (one new token: by shape, none) and leaves the call to
+    stock, vs stock itself; and an A/A row."""
+    model = small_model("llama")
+    ids, mask = padded_batch(batch, prompt)
+    name = cache_name(model)
+    token = torch.ones(batch, 1, dtype=torch.long)
+    rows = []
+    for label, stock_sides in (("llama", (False, True)), ("llama (A/A: stock vs stock)", (True, True))):
+        sides = []
+        for stock in stock_sides:
+            with torch.no_grad(), _stock_if(stock):
+                out = model(input_ids=ids, attention_mask=mask, position_ids=positions_from_mask(mask))
+            sides.append({"cache": output_cache(out), "mask": mask, "stock": stock, "prompt": prompt})
+
+        def crop() -> None:
+            for side in sides:
+                side["cache"].crop(-1)  # the step just taken
+                side["mask"] = side["mask"][:, : side["prompt"]]
+
+        paired = interleaved(
+            functools.partial(_given_positions_step, model, sides, token, name), steps, after=crop
+        )
+        ratio, low, high = paired.ratio()
+        extra = statistics.median(a - b for a, b in zip(paired.a, paired.b)) * 1e6
+        rows.append(
+            f"| {label} | {batch} x 1 (after {prompt}) | {paired.ms(0):.3f} | {paired.ms(1):.3f} "
+            f"| **{ratio:.3f}** ({low:.2f}-{high:.2f}) | {extra:+.1f} |"
+        )
+    return rows
+
+
 def sections() -> dict[str, tuple[list[str], Callable[[], list[str]]]]:
     """Each section of RESULTS.md: its heading and text, and what measures its rows."""
     return {
@@ -969,6 +1097,46 @@ def sections() -> dict[str, tuple[list[str], Callable[[], list[str]]]]:
                 "|---|---|---|---|---|",
             ],
             lambda: given_positions_window_step(8, 512, 128),
+        ),
+        "## Packed training step: each sequence kept to itself vs stock's leak, and vs a padded batch": (
+            [
+                "Llama, 4 layers, hidden 256, SDPA, train mode, one thread: one step (forward, loss, backward;",
+                f"no optimizer) of 16 sequences of random lengths {PACKED_LENGTHS[0]}-{PACKED_LENGTHS[1]},",
+                "packed into one row with positions restarting (`DataCollatorWithFlattening`'s layout) or",
+                "right-padded into a batch. hfpatch keeps each packed sequence to itself (a mask by sequence);",
+                "stock lets every sequence attend to the ones before it (its loss is not the sequences' own).",
+                "Interleaved, median of 15 ratios; the last two columns are each side's loss (hfpatch's packed",
+                "and padded losses agree: the same tokens, the same mean).",
+                "",
+                "| sides | sequences | first (ms) | second (ms) | ratio | loss, first | loss, second |",
+                "|---|---|---|---|---|---|---|",
+            ],
+            lambda: packed_training_step(16),
+        ),
+        "## The mask by sequence of a packed row: memory": (
+            [
+                "The mask hfpatch hands a row of 8,192 tokens packing four sequences (Llama, no cache), next",
+                "to the one transformers builds itself for the same row where it detects the packing (no mask",
+                "and no cache: `use_cache=False`). Flex attention gets a `BlockMask` from per-token tensors",
+                "instead (nothing 8,192 x 8,192).",
+                "",
+                "| attention | packed tokens | hfpatch's mask | transformers' own packed mask |",
+                "|---|---|---|---|",
+            ],
+            lambda: packed_mask_memory(8192),
+        ),
+        "## Decode step with positions passed, no window: the look for packed rows": (
+            [
+                "Llama, 4 layers, hidden 256, eager, one thread; one new token a step after a left-padded",
+                "prompt of 128, `position_ids` passed as `generate()` passes them; the cache is cropped back",
+                f"after each pair (outside the timing). {DECODE_STEPS} steps, interleaved; the last column is",
+                "the median of the per-step differences (hfpatch's extra work on such a step).",
+                "",
+                "| model | batch x tokens | hfpatch (ms) | stock (ms) | ratio (interquartile range) "
+                "| extra per step (µs) |",
+                "|---|---|---|---|---|---|",
+            ],
+            lambda: plain_decode_with_positions(8, 128),
         ),
         "## Compiled decode step: hfpatch (mask only) vs stock with explicit inputs": (
             [

@@ -12,7 +12,9 @@ The rows of an adapter, in order:
 4. the SDPA switch on its class, on the releases ``Adapter.eager_mask`` names;
 5. the static cache's sliding layer ``__init__`` (it records the length it was asked for), shared by
    every adapter;
-6. where the hand-off runs inside a layer, the checkpoint function of the module's checkpointing
+6. transformers' SDPA attention function (its registry's entry), which runs a packed row one sequence at
+   a time where the mask by sequence says how (:mod:`hfpatch.packed`), shared by every adapter;
+7. where the hand-off runs inside a layer, the checkpoint function of the module's checkpointing
    classes, which carries the call's context into a layer's recomputation (:mod:`hfpatch._context`).
 """
 
@@ -25,6 +27,7 @@ from ._context import CarryContext, Pin, SdpaSwitch, Users
 from .declarations import Adapter
 from .decoders import HANDS_TO, receiver
 from .forward import make_forward, recording_generated_masks
+from .packed import by_sequence_sdpa
 from .patches import ABSENT, Patch
 from .plans import read_plan
 from .rope import per_row_forward, rotary_classes
@@ -75,6 +78,9 @@ def build(adapter: Adapter, module: Any, pin: Pin) -> tuple[Patch, ...]:
     generation = recording_generated_masks()
     if generation is not None:
         rows.append(Patch(generation[0], "prepare_inputs_for_generation", *generation[1:]))
+    attention = by_sequence_sdpa()
+    if attention is not None:
+        rows.append(Patch(*attention))
     if hands_to is not None and HANDS_TO[hands_to].inside_layers:
         for cls in _checkpointing_classes(module, owner):
             before = cls.__dict__.get(CHECKPOINT_FUNCTION, ABSENT)

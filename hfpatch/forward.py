@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import warnings
 from typing import Any, Callable, NamedTuple, Optional, Union
 
 import torch
@@ -43,16 +42,9 @@ from ._context import CALL, PACKED, WATCHERS, Pin, patched_here
 from .caches import CAPACITY
 from .declarations import Adapter
 from .decoders import call_with_positions
+from .packed import packed_rows, positions_from_lengths, warn_not_kept
 from .plans import NO_SLOTS, SLOTS, SLOTS_REMOVED, Plan
-from .positions import (
-    cache_positions,
-    has_holes,
-    new_token_positions,
-    positions_in_segments,
-    restarts,
-    segments,
-    segments_from_lengths,
-)
+from .positions import cache_positions, has_holes, new_token_positions
 from .windows import MASK_FUNCTIONS, MaskPlan, apply_masks, configured_window, packed_here
 
 __all__ = ["Seen", "make_forward", "recording_generated_masks", "watched"]
@@ -101,8 +93,8 @@ def make_forward(adapter: Adapter, original: Callable, plan: Plan, pin: Pin) -> 
                 cache = _take_cache(plan, kwargs)
             elif cache_kw in kwargs:
                 cache = kwargs[cache_kw]
-        if "cu_seq_lens_q" in kwargs or "seq_idx" in kwargs:  # a packed row's sequences, said by their lengths
-            _positions_from_lengths(kwargs, plan)
+        if ("cu_seq_lens_q" in kwargs or "seq_idx" in kwargs) and PACKED[0]:  # sequences given by length
+            positions_from_lengths(kwargs, _inputs(kwargs, plan.ids_rank))
         if "cache_position" in kwargs:
             derived = fill(self, plan, kwargs, cache)
         elif passes_explicit and "position_ids" in kwargs and kwargs["position_ids"] is not None:
@@ -179,50 +171,23 @@ def watched(
 
 def given_masks(model: Any, adapter: Adapter, plan: Plan, kwargs: dict, cache: Any) -> None:
     """A call with the caller's positions: a row whose positions restart is kept to the sequences it
-    packs (:func:`packed_rows`); else, where the model has windows, they are decided by position in a
+    packs (:mod:`hfpatch.packed`); else, where the model has windows, they are decided by position in a
     mask with holes (:func:`given_windows`). The positions stay the caller's."""
     masks = plan.masks
     if PACKED[0]:
-        packed = packed_rows(kwargs, plan, cache)
-        if packed is not None:
-            mask, positions, segment_ids = packed
+        found = packed_rows(kwargs, _inputs(kwargs, plan.ids_rank))
+        if found is not None:
+            mask, positions, segment_ids = found
             why = _not_kept(model, adapter, masks, kwargs)
             if why is None and apply_masks(
                 model, masks, plan.cache_kw, kwargs, cache, mask, mask.shape[1], 0, (positions, segment_ids)
             ):
                 return
             if why != "":  # (""): transformers' own packed path, exact
-                warn_not_kept(adapter.arch, why or "its layer types or its attention take no mask by position")
+                warn_not_kept(adapter.arch, why or "its layer types take no mask by position")
             return
     if masks is not None and masks.windowed:
         given_windows(model, plan, masks, kwargs, cache)
-
-
-def packed_rows(kwargs: dict, plan: Plan, cache: Any) -> Optional[tuple[Tensor, Tensor, Tensor]]:
-    """(the 2-D mask, the positions, :func:`hfpatch.positions.segments`) of a call whose caller's
-    ``position_ids`` restart inside a row (several sequences packed into it), with nothing cached before
-    it; None for any other call. Shapes first (a decode step has one new token: never packed); in eager
-    mode the positions are then read once, compiled code always gets the masks by sequence (which are
-    the causal ones where nothing restarts: no branch on tensor values)."""
-    positions, tokens = kwargs["position_ids"], _inputs(kwargs, plan.ids_rank)
-    if tokens is None or positions.__class__ is not Tensor or positions.dim() != 2:
-        return None
-    num_new = tokens.shape[1]
-    if num_new < 2 or positions.shape[1] != num_new or positions.shape[0] not in (1, tokens.shape[0]):
-        return None
-    mask = kwargs.get("attention_mask")
-    if mask is not None and (
-        mask.__class__ is not Tensor or mask.dim() != 2 or tuple(mask.shape) != tuple(tokens.shape[:2])
-    ):
-        return None  # a 4-D mask (the caller's), a mask past a cached prefix, a BlockMask
-    if cache is not None and (caches.capacity(cache) is not None or caches.past_length(cache)):
-        return None  # continues a cache
-    if not torch.compiler.is_compiling() and not restarts(positions, mask):
-        return None
-    segment_ids = segments(positions, mask)
-    if mask is None:
-        mask = torch.ones(tokens.shape[:2], dtype=torch.bool, device=tokens.device)
-    return mask, positions, segment_ids
 
 
 def _not_kept(model: Any, adapter: Adapter, masks: Optional[MaskPlan], kwargs: dict) -> Optional[str]:
@@ -231,48 +196,14 @@ def _not_kept(model: Any, adapter: Adapter, masks: Optional[MaskPlan], kwargs: d
     if adapter.packs is not None:
         return adapter.packs
     attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
-    if attention is not None and attention.startswith("flash") and kwargs.get("attention_mask") is None:
+    if isinstance(attention, str) and attention.startswith("flash") and kwargs.get("attention_mask") is None:
         return ""
     if masks is None or not masks.packed:
         return NO_4D_MASK
     if not packed_here(model, masks):
         taken = "eager, SDPA" + (" or flex" if masks.form == MASK_FUNCTIONS else "")
-        return f"with {attention} attention (a mask by sequence reaches {taken} attention) or its layer types"
+        return f"with {attention} attention or its layer types (a mask by sequence reaches {taken} attention)"
     return None
-
-
-def warn_not_kept(arch: str, why: str) -> None:
-    """Once per model type and reason: a packed row left as stock runs it."""
-    key = (arch, why)
-    if key in _WARNED:
-        return
-    _WARNED.add(key)
-    warnings.warn(
-        f"hfpatch: a packed row of {arch} (position_ids that restart) is not kept to its sequences: {why}; "
-        "each sequence attends to the ones before it, as on stock (hfpatch.status() says where packed rows "
-        "are kept)",
-        RuntimeWarning,
-        stacklevel=4,
-    )
-
-
-_WARNED: set[tuple[str, str]] = set()
-
-
-def _positions_from_lengths(kwargs: dict, plan: Plan) -> None:
-    """A packed row whose sequences the caller gives by their lengths (``cu_seq_lens_q``, as
-    ``DataCollatorWithFlattening(return_flash_attn_kwargs=True)`` returns them, or ``seq_idx``) and no
-    ``position_ids``: each sequence's positions count from 0 (stock counts over the whole row)."""
-    if kwargs.get("position_ids") is not None or not PACKED[0]:
-        return
-    tokens = _inputs(kwargs, plan.ids_rank)
-    if tokens is None:
-        return
-    lengths, seq_idx = kwargs.get("cu_seq_lens_q"), kwargs.get("seq_idx")
-    if isinstance(seq_idx, Tensor) and tuple(seq_idx.shape) == tuple(tokens.shape[:2]):
-        kwargs["position_ids"] = positions_in_segments(seq_idx.long())
-    elif isinstance(lengths, Tensor) and lengths.dim() == 1:
-        kwargs["position_ids"] = positions_in_segments(segments_from_lengths(lengths, *tokens.shape[:2]))
 
 
 def given_windows(model: Any, plan: Plan, masks: MaskPlan, kwargs: dict, cache: Any) -> None:

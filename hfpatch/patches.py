@@ -24,20 +24,38 @@ ABSENT: Any = _Absent()  # the class had no attribute of its own by that name: r
 
 
 class Patch(NamedTuple):
-    """One replaced class attribute."""
+    """One replaced class attribute (or an entry of a registry mapping: transformers' attention
+    functions)."""
 
-    owner: type
+    owner: Any  # a class, or a dict
     attribute: str
     original: Any  # the class's own value before (``ABSENT``: none of its own)
     replacement: Any
     users: Optional[Users] = None  # who shares it, for a replacement that reads that (rotary classes)
 
     @property
-    def key(self) -> tuple[type, str]:
-        return self.owner, self.attribute
+    def key(self) -> tuple[Any, str]:
+        return (self.owner if isinstance(self.owner, type) else id(self.owner)), self.attribute
 
     def current(self) -> Any:
-        return self.owner.__dict__.get(self.attribute, ABSENT)
+        return _namespace(self.owner).get(self.attribute, ABSENT)
+
+    def put(self, value: Any) -> None:
+        """Set the attribute (an entry of a mapping, for a registry of functions) to ``value``."""
+        if isinstance(self.owner, dict):
+            self.owner[self.attribute] = value
+        else:
+            type.__setattr__(self.owner, self.attribute, value)
+
+    def remove(self) -> None:
+        if isinstance(self.owner, dict):
+            del self.owner[self.attribute]
+        else:
+            type.__delattr__(self.owner, self.attribute)
+
+
+def _namespace(owner: Any) -> Any:
+    return owner if isinstance(owner, dict) else owner.__dict__
 
 
 class Ledger:
@@ -69,7 +87,7 @@ class Ledger:
                     self._rows[row.key] = (kept, (*users, pin))
                     _publish(kept, (*users, pin))
                 continue
-            type.__setattr__(row.owner, row.attribute, row.replacement)
+            row.put(row.replacement)
             self._rows[row.key] = (row, (pin,))
             _publish(row, (pin,))
             done.append(row)
@@ -92,9 +110,9 @@ class Ledger:
             del self._rows[row.key]
             if kept.current() is kept.replacement:
                 if kept.original is ABSENT:
-                    type.__delattr__(kept.owner, kept.attribute)
+                    kept.remove()
                 else:
-                    type.__setattr__(kept.owner, kept.attribute, kept.original)
+                    kept.put(kept.original)
                 undone.append(kept)
         return undone
 

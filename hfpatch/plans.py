@@ -84,7 +84,9 @@ def read_plan(adapter: Adapter, forward: Callable, owner: Optional[type] = None)
         # a multimodal wrapper's masks stay transformers' (it builds them, or its text model does from the
         # 2-D mask), and so do those of seq2seq stacks that take no positions (none has a window); a
         # seq2seq decoder packs no rows
-        masks=None if owner is None or family.multimodal or family.hands_to else mask_plan(owner, not family.seq2seq),
+        masks=None
+        if owner is None or family.multimodal or family.hands_to
+        else mask_plan(owner, not family.seq2seq),
         ids_rank=family.ids_rank,
     )
 

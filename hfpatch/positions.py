@@ -161,8 +161,10 @@ def restarts(position_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] 
     """Whether some row's positions restart (a packed row: see :func:`segments`). 0-d bool tensor.
 
     Example:
-        >>> restarts(torch.tensor([[0, 1, 2, 0, 1]])), restarts(torch.tensor([[1, 1, 0, 1]]), torch.tensor([[0, 0, 1, 1]]))
-        (tensor(True), tensor(False))
+        >>> restarts(torch.tensor([[0, 1, 2, 0, 1]]))
+        tensor(True)
+        >>> restarts(torch.tensor([[1, 1, 0, 1]]), torch.tensor([[0, 0, 1, 1]]))  # left padding
+        tensor(False)
     """
     return _starts(position_ids, attention_mask).any()
 
@@ -182,8 +184,8 @@ def _starts(position_ids: torch.Tensor, attention_mask: Optional[torch.Tensor]) 
 
 def segments_from_lengths(cu_seq_lens: torch.Tensor, batch: int, length: int) -> torch.Tensor:
     """:func:`segments` of rows ``[batch, length]`` packed as ``cu_seq_lens`` says: the cumulative lengths
-    of the sequences over the flattened rows, from 0 (what ``DataCollatorWithFlattening(return_flash_attn_kwargs=
-    True)`` returns as ``cu_seq_lens_q``). int64 ``[batch, length]``.
+    of the sequences over the flattened rows, from 0 (``cu_seq_lens_q``, as
+    ``DataCollatorWithFlattening(return_flash_attn_kwargs=True)`` returns it). int64 ``[batch, length]``.
 
     Example:
         >>> segments_from_lengths(torch.tensor([0, 3, 5], dtype=torch.int32), 1, 5)
@@ -256,11 +258,17 @@ def window_mask(
     real = attention_mask != 0
     allowed = real.index_select(1, key_slots)[:, None, :] & (key_slots[None, :] <= query_slots[:, None])[None]
     if segment_ids is not None:
-        query_segment, key_segment = segment_ids.index_select(1, query_slots), segment_ids.index_select(1, key_slots)
+        query_segment, key_segment = (
+            segment_ids.index_select(1, query_slots),
+            segment_ids.index_select(1, key_slots),
+        )
         allowed = allowed & (query_segment[:, :, None] == key_segment[:, None, :])
     if window is not None or chunk is not None:
         position = real.cumsum(-1).sub_(1).clamp_(min=0) if positions is None else positions
-        key_position, query_position = position.index_select(1, key_slots), position.index_select(1, query_slots)
+        key_position, query_position = (
+            position.index_select(1, key_slots),
+            position.index_select(1, query_slots),
+        )
         if window is not None:
             allowed = allowed & ((query_position[:, :, None] - key_position[:, None, :]) < window)
         if chunk is not None:

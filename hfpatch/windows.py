@@ -177,7 +177,9 @@ def apply_masks(
         if cache is False:
             return False
         if mask.shape[1] <= min(window or chunk for window, chunk in sizes):
-            return True  # every key is inside every window, by column and by position alike: stock's are right
+            return (
+                True  # every key is inside every window, by column and by position alike: stock's are right
+            )
     positions, segment_ids = packed if packed is not None else (None, None)
     slots = start if isinstance(start, torch.Tensor) else cache_positions(num_new, start, mask.device)
     first = {kind: types.index(kind) if kind in types else 0 for kind in windows}  # (a kind no layer uses)
@@ -195,8 +197,22 @@ def apply_masks(
             padded, slots, keys, *(size or (None, None)), positions=positions, segment_ids=segment_ids
         )
         masks[kind] = _as_model_takes(allowed, plan, attention, model.dtype)
+    if packed is not None and attention == "sdpa" and not torch.compiler.is_compiling():
+        _by_sequence(masks, windows, mask, segment_ids)
     kwargs["attention_mask"] = masks if plan.takes_mask_dict else masks[types[0]]
     return True
+
+
+def _by_sequence(masks: dict, windows: dict, mask: torch.Tensor, segment_ids: torch.Tensor) -> None:
+    """Let SDPA run each packed sequence on its own (:mod:`hfpatch.packed`): the masks of the layer types
+    whose window or chunk no sequence exceeds carry the sequences' layout."""
+    from .packed import GROUPS, groups
+
+    grouped = groups(mask, segment_ids)
+    longest = grouped.longest()
+    for kind, size in windows.items():
+        if all(limit is None or longest <= limit for limit in size or ()):
+            setattr(masks[kind], GROUPS, grouped)
 
 
 def _whole_cache(
