@@ -936,6 +936,13 @@ def _crop(sides: list) -> None:
         side["mask"] = side["mask"][:, : side["prompt"]]
 
 
+def _crop(sides: list) -> None:
+    """Take back the step just taken on each side (its cache and its mask), outside the timing."""
+    for side in sides:
+        side["cache"].crop(-1)
+        side["mask"] = side["mask"][:, : side["prompt"]]
+
+
 def plain_decode_with_positions(batch: int, prompt: int, steps: int = 1001) -> list[str]:
     """A decode step as ``generate()`` makes it (``position_ids`` passed, one new token) on Llama with
     no window: hfpatch looks for packed rows (one new token: by shape, none) and leaves the call to
@@ -952,14 +959,8 @@ def plain_decode_with_positions(batch: int, prompt: int, steps: int = 1001) -> l
                 out = model(input_ids=ids, attention_mask=mask, position_ids=positions_from_mask(mask))
             sides.append({"cache": output_cache(out), "mask": mask, "stock": stock, "prompt": prompt})
 
-        def crop() -> None:
-            for side in sides:
-                side["cache"].crop(-1)  # the step just taken
-                side["mask"] = side["mask"][:, : side["prompt"]]
-
-        paired = interleaved(
-            functools.partial(_given_positions_step, model, sides, token, name), steps, after=crop
-        )
+        step = functools.partial(_given_positions_step, model, sides, token, name)
+        paired = interleaved(step, steps, after=functools.partial(_crop, sides))
         ratio, low, high = paired.ratio()
         extra = statistics.median(a - b for a, b in zip(paired.a, paired.b)) * 1e6
         rows.append(
