@@ -181,6 +181,7 @@ def _by_sequence(
 ) -> tuple[Tensor, None]:
     """``original`` (SDPA) on each group of sequences alone, causal; the outputs put back in place."""
     batch, length = grouped.shape
+    kwargs = {**kwargs, "is_causal": True}  # (a model may pass False: it computed that for the mask it has)
     flat = [t.transpose(1, 2).reshape(batch * length, t.shape[1], t.shape[3]) for t in (query, key, value)]
     out = flat[0].new_zeros(batch * length, query.shape[1], value.shape[3])
     for index, valid in grouped.parts:

@@ -11,6 +11,9 @@ if TYPE_CHECKING:
 # the full suite and the compat matrix's columns: two rotary models and one absolute one
 FLAGSHIPS = ("gemma", "llama", "gpt2")
 ABSOLUTE = "gpt2"  # the most position-sensitive flagship: left padding in one call is wrong on stock too
+# the first release where each flagship's packed rows (positions that restart) are kept to their sequences:
+# its mask code takes a 4-D mask from there (tests/test_packed.py; the probe's packed cells: compat/REPORT.md)
+PACKED_FROM = {"gemma": "4.38", "llama": "4.38", "gpt2": "4.52"}
 
 # by Family.name: whether left padding in one call is wrong on stock (absolute positions, or a rotary
 # decoder whose queries meet un-rotated encoder keys in one softmax); a uniform rotary shift cancels, and
