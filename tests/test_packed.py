@@ -16,6 +16,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 from packaging.version import Version
+from test_unchanged import same_as_stock
 
 import hfpatch
 from hfpatch import packed as packed_module
@@ -23,7 +24,6 @@ from hfpatch import packed as packed_module
 from conftest import REGISTRY, TF, make_dynamic_cache, spying, stock
 from expectations import PACKED_FROM
 from harness import TOLERANCE, VOCAB, WRONG, cache_kwarg, run_alone
-from test_unchanged import same_as_stock
 
 pytestmark = pytest.mark.invariant("I9")
 
@@ -247,8 +247,9 @@ def test_windows_by_position_inside_each_sequence():
     """Mistral with a window of 4 and sequences longer than it: each sequence alone has its window."""
     if "mistral" not in __import__("conftest").SEQ2SEQ_MODEL_TYPES and TF < Version("4.34"):
         pytest.skip(f"no Mistral in transformers {TF}")
-    from harness import windowed_model
     from hfpatch.verification.tiny import tiny_config
+
+    from harness import windowed_model
 
     for attention in ("eager", "sdpa"):
         model = windowed_model("mistral", tiny_config("mistral", {"sliding_window": 4}), attention)
