@@ -15,11 +15,12 @@ from hypothesis import given, settings
 
 import hfpatch
 from hfpatch.caches import past_length
-from hfpatch.testing import assert_padding_invariant, tolerance_for
-from hfpatch.testing.strategies import scenarios
+from hfpatch.testing import FAMILIES, assert_padding_invariant, tolerance_for
+from hfpatch.testing.strategies import packed_scenarios, scenarios
 from hfpatch.verification.tiny import VOCAB, tiny_model
 
-from conftest import arch_skip_reason
+from conftest import TF, arch_skip_reason
+from expectations import PACKED_FROM
 from harness import rotary_reading_row_zero
 
 ROTARY, ABSOLUTE = "llama", "gpt2"
@@ -32,12 +33,34 @@ def flagship(request):
     return tiny_model(request.param)
 
 
+def families_kept(arch: str) -> list[str]:
+    """Every family, less packed rows where this release cannot keep them (expectations.PACKED_FROM)."""
+    from packaging.version import Version
+
+    kept = TF >= Version(PACKED_FROM[arch])
+    return [family for family in FAMILIES if kept or family != "packed"]
+
+
 def test_passes_on_patched_models_and_callables_of_them(flagship):
-    report = assert_padding_invariant(flagship)
+    report = assert_padding_invariant(flagship, families=families_kept(flagship.config.model_type))
     assert report.ok and len({r.scenario for r in report.results}) >= 7
     assert max(r.max_diff for r in report.results) <= 1e-5
     through = assert_padding_invariant(lambda **kwargs: flagship(**kwargs), vocab_size=VOCAB)
     assert through.ok and "static (needs a transformers model)" in str(through)
+    assert "packed (needs a callable with a position_ids parameter)" in str(through)
+
+
+def test_packed_rows_each_sequence_against_itself(flagship):
+    """The packed family: stock lets each packed sequence see the ones before it; hfpatch, where this
+    release keeps packed rows, gives each its own logits."""
+    arch = flagship.config.model_type
+    with hfpatch.unpatched(), pytest.raises(AssertionError) as caught:
+        assert_padding_invariant(flagship, families=["packed"])
+    table = str(caught.value)
+    assert "packed: three sequences in a row, no mask" in table and "packed: two right-padded rows" in table
+    if "packed" in families_kept(arch):
+        report = assert_padding_invariant(flagship, families=["packed"])
+        assert len({r.scenario for r in report.results}) == 3 and report.ok
 
 
 def test_raises_on_stock_naming_where(flagship):
@@ -106,6 +129,14 @@ def test_drawn_scenarios_hold_on_a_patched_model(scenario):
     if arch_skip_reason(ABSOLUTE):
         pytest.skip(arch_skip_reason(ABSOLUTE))
     assert assert_padding_invariant(_model(ABSOLUTE), scenarios=[scenario]).ok
+
+
+@settings(max_examples=8, deadline=None)
+@given(scenario=packed_scenarios())
+def test_drawn_packed_rows_hold_on_a_patched_model(scenario):
+    if arch_skip_reason(ROTARY) or "packed" not in families_kept(ROTARY):
+        pytest.skip(f"{ROTARY}'s packed rows are kept from {PACKED_FROM[ROTARY]}")
+    assert assert_padding_invariant(_model(ROTARY), scenarios=[scenario]).ok
 
 
 _models: dict = {}

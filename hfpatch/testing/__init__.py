@@ -9,7 +9,8 @@ on the scenarios :func:`hfpatch.verify` runs, and more: left and right padding i
 right-padded cached prefix continued by one token and by several (holes in the mask); a left-padded
 prefix continued by a chunk; rows split into several cached calls; a ``StaticCache`` where the model
 takes one; a prefix past the sliding window where the model has one; rows on both sides of the
-original context where its rope is scaled by the length. ``pytest`` gets it as the fixture
+original context where its rope is scaled by the length; rows that pack several sequences (positions
+restarting), each against itself alone. ``pytest`` gets it as the fixture
 ``assert_padding_invariant`` (:mod:`hfpatch.testing.plugin`); :mod:`hfpatch.testing.strategies` has
 hypothesis strategies for scenarios of your own.
 """
@@ -29,6 +30,8 @@ from ..verification.scenarios import (
     CACHED,
     DECODER_ONLY,
     MORE_SCENARIOS,
+    PACKED,
+    PACKED_SCENARIOS,
     PADDING,
     ROPE,
     SCENARIOS,
@@ -50,7 +53,7 @@ from ..windows import configured_window
 
 __all__ = ["FAMILIES", "InvariantReport", "Result", "Scenario", "assert_padding_invariant", "tolerance_for"]
 
-FAMILIES = (PADDING, CACHED, STATIC, WINDOW, ROPE)
+FAMILIES = (PADDING, CACHED, STATIC, WINDOW, ROPE, PACKED)
 # half precision: relative to the largest |output| of the rows alone (a wrong position changes a tiny
 # model's logits by 0.3 or more; bf16 rounds a correctly shifted rotary row by about 1 % of the largest)
 RELATIVE = {torch.float16: 4e-3, torch.bfloat16: 3e-2}
@@ -210,12 +213,15 @@ def _runs(
     if vocab_size is None:
         raise TypeError("vocab_size: required for a callable that is not a transformers model")
     name = _callable_cache_name(model)
-    chosen = scenarios if scenarios is not None else (*SCENARIOS, *MORE_SCENARIOS)
+    chosen = scenarios if scenarios is not None else (*SCENARIOS, *MORE_SCENARIOS, *PACKED_SCENARIOS)
+    packs = _takes_positions(model)
     found = [
         probe
-        for probe in probes(chosen, DECODER_ONLY._replace(pad=pad), cached=True)
+        for probe in probes(chosen, DECODER_ONLY._replace(pad=pad), cached=True, packs=packs)
         if probe.family in wanted
     ]
+    if PACKED in wanted and not packs:
+        notes.append("packed (needs a callable with a position_ids parameter)")
     notes += [
         f"{family} (needs a transformers model)" for family in (STATIC, WINDOW, ROPE) if family in wanted
     ]
@@ -242,7 +248,10 @@ def _model_probes(
         factory = lambda batch, slots: static_cache(model, batch, slots)  # noqa: E731
     elif STATIC in wanted and cached is not None:
         notes.append("static: the model takes no StaticCache here")
-    chosen = scenarios if scenarios is not None else (*SCENARIOS, *MORE_SCENARIOS)
+    packs = not seq2seq and not inputs.prefix_lm
+    if PACKED in wanted and not packs:
+        notes.append("packed: " + ("an encoder-decoder model's decoder" if seq2seq else "a prefix LM"))
+    chosen = scenarios if scenarios is not None else (*SCENARIOS, *MORE_SCENARIOS, *PACKED_SCENARIOS)
     found = probes(
         chosen,
         inputs,
@@ -252,6 +261,7 @@ def _model_probes(
         static_width=not seq2seq,
         window=configured_window(model) if WINDOW in wanted else None,
         rope=scaled_rope(model) if ROPE in wanted and not seq2seq else None,
+        packs=packs,
     )
     return [probe for probe in found if probe.family in wanted]
 
@@ -263,6 +273,14 @@ def _vocab(model: Any) -> int:
     if not isinstance(vocab, int):
         raise TypeError("vocab_size: the model's config names none; pass vocab_size=")
     return vocab
+
+
+def _takes_positions(call: Callable) -> bool:
+    """Whether a callable names ``position_ids`` among its parameters (packed rows pass them)."""
+    try:
+        return "position_ids" in inspect.signature(call).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _callable_cache_name(call: Callable) -> str:

@@ -23,6 +23,7 @@ __all__ = [
     "PositionsByHand",
     "Scenario",
     "MORE_SCENARIOS",
+    "PACKED_SCENARIOS",
     "Probe",
     "probes",
     "run_alone",
@@ -47,6 +48,10 @@ class Scenario(NamedTuple):
     chunks: tuple[tuple[int, ...], ...]  # chunks[c][r]: row r's tokens in call c
     left: tuple[tuple[bool, ...], ...]  # left[c][r]: row r is padded on the left in call c
     cached: bool = True  # more than one call: needs a KV cache
+    # a packed batch: the batch row each sequence (each of ``lengths``) is packed into, one after the other
+    # with positions restarting, rows right-padded to the longest; () for one sequence a row
+    packed_into: tuple[int, ...] = ()
+    mask: bool = True  # pass the 2-D mask (a packed batch: without one where no row is padded)
 
 
 SCENARIOS = (
@@ -76,6 +81,20 @@ MORE_SCENARIOS = (
 )
 
 
+def packed(name: str, lengths: tuple[int, ...], rows: tuple[int, ...], mask: bool) -> Scenario:
+    """A batch of ``lengths`` sequences packed into the batch ``rows`` (one a sequence), in one call."""
+    return Scenario(name, lengths, (lengths,), ((False,) * len(lengths),), False, rows, mask)
+
+
+# rows that pack several sequences, positions restarting (DataCollatorWithFlattening's batch, TRL's
+# padding_free), each sequence against itself alone
+PACKED_SCENARIOS = (
+    packed("packed: three sequences in a row, no mask", (6, 3, 5), (0, 0, 0), mask=False),
+    packed("packed: three sequences in a row, an all-ones mask", (4, 5, 2), (0, 0, 0), mask=True),
+    packed("packed: two right-padded rows", (5, 3, 4, 2), (0, 0, 1, 1), mask=True),
+)
+
+
 def scenario_rows(scenario: Scenario, seed: int = 1, vocab: int = VOCAB) -> list[list[int]]:
     """The token ids of a scenario's rows (fixed by ``seed``), below ``vocab``."""
     generator = torch.Generator().manual_seed(seed)
@@ -90,10 +109,10 @@ class Probe(NamedTuple):
     cache: Optional[Callable[[], Any]] = None  # makes the cache the first call starts from (a StaticCache)
     width: Optional[int] = None  # pad every mask with zeros to this many columns (a static cache's)
     inputs: Any = None  # Inputs (None: a decoder-only model's)
-    family: str = ""  # what it checks: PADDING, CACHED, STATIC, WINDOW or ROPE (hfpatch.testing's families)
+    family: str = ""  # what it checks: PADDING, CACHED, STATIC, WINDOW, ROPE or PACKED (hfpatch.testing's)
 
 
-PADDING, CACHED, STATIC, WINDOW, ROPE = "padding", "cached", "static", "window", "rope"
+PADDING, CACHED, STATIC, WINDOW, ROPE, PACKED = "padding", "cached", "static", "window", "rope", "packed"
 
 
 def probes(
@@ -105,16 +124,22 @@ def probes(
     static_width: bool = True,
     window: Optional[int] = None,
     rope: Optional[tuple[str, int]] = None,
+    packs: bool = True,
 ) -> list[Probe]:
     """The probes of a model: ``scenarios`` (the cached ones where the model returns a cache), the
     variable one again with a static cache where ``static`` makes one (``static(batch, slots)``; with a
     mask of every slot where ``static_width``, else of past + new), a right-padded prefix past the
     ``window`` where there is one to probe, and rows on both sides of a scaled ``rope``'s original
-    context (its kind and that context)."""
+    context (its kind and that context); packed scenarios where ``packs`` (a decoder-only model)."""
     found = [
-        Probe(prefix + s.name, s, inputs=inputs, family=CACHED if s.cached else PADDING)
+        Probe(
+            prefix + s.name,
+            s,
+            inputs=inputs,
+            family=PACKED if s.packed_into else CACHED if s.cached else PADDING,
+        )
         for s in scenarios
-        if cached or not s.cached
+        if (cached or not s.cached) and (not s.packed_into or packs)
     ]
     if static is not None and cached:
         variable = SCENARIOS[2]
@@ -256,6 +281,8 @@ def run_batch(
     """Run ``rows`` as one padded batch in the scenario's calls (KV-cached under ``cache_kw``, the
     first starting from ``cache()`` where given); each row's real outputs, in order."""
     inputs = inputs or DECODER_ONLY
+    if scenario.packed_into:
+        return run_packed(call, rows, scenario, inputs)
     batch, taken = len(rows), [0] * len(rows)
     mask = torch.zeros(batch, 0, dtype=torch.long)
     pieces: list[list[torch.Tensor]] = [[] for _ in rows]
@@ -284,6 +311,35 @@ def run_batch(
         for r, (n, start) in enumerate(zip(counts, starts)):
             pieces[r].append(inputs.outputs(out)[r, start : start + n])
     return [torch.cat(p) for p in pieces]
+
+
+def run_packed(
+    call: Callable[..., Any], rows: list, scenario: Scenario, inputs: Inputs
+) -> list[torch.Tensor]:
+    """Run the sequences ``rows`` packed as ``scenario.packed_into`` says, in one call with the positions
+    restarting at each (and the 2-D mask where the scenario passes one: a padded batch always); each
+    sequence's outputs, in order."""
+    batch = max(scenario.packed_into) + 1
+    lines: list[list[int]] = [[] for _ in range(batch)]
+    where = []
+    for r, into in enumerate(scenario.packed_into):
+        where.append((into, len(lines[into])))
+        lines[into] += list(rows[r])
+    width = max(len(line) for line in lines)
+    ids = torch.full((batch, width), inputs.pad)
+    positions = torch.zeros(batch, width, dtype=torch.long)
+    real = torch.zeros(batch, width, dtype=torch.long)
+    for r, (into, start) in enumerate(where):
+        n = len(rows[r])
+        ids[into, start : start + n] = torch.tensor(rows[r])
+        positions[into, start : start + n] = torch.arange(n)
+        real[into, start : start + n] = 1
+    kwargs = {inputs.ids: inputs.tokens(ids), inputs.positions: positions}
+    if scenario.mask or not bool(real.all()):
+        kwargs[inputs.mask] = real
+    with torch.no_grad():
+        out = inputs.outputs(call(**kwargs, **inputs.row(0, batch)))
+    return [out[into, start : start + len(rows[r])] for r, (into, start) in enumerate(where)]
 
 
 def run_alone(
