@@ -33,14 +33,16 @@ from .declarations import THROUGH_LANGUAGE_MODEL
 
 __all__ = ["AuditReport", "audit", "audit_this_process", "merge"]
 
-COUNTS = ("calls", "affected", "rows", "tokens", "worst_shift", "patched", "positions_given")
+COUNTS = ("calls", "affected", "rows", "tokens", "worst_shift", "patched", "positions_given", "packed")
 
 
 class AuditReport:
     """Per model type (``config.model_type``): ``calls`` seen, ``affected`` (calls stock got wrong),
     ``rows`` and ``tokens`` affected, ``worst_shift`` (the most pads before a wrong token: how far its
     stock position is off), ``patched`` (calls hfpatch's patch ran), ``positions_given`` (calls with the
-    caller's positions: theirs, not judged), ``not_judged`` (reason -> calls) and ``sites`` (the first
+    caller's positions: theirs, not judged), ``packed`` (calls whose rows pack several sequences, the
+    caller's positions restarting: judged, a token wrong where stock lets it see the sequences before
+    it), ``not_judged`` (reason -> calls) and ``sites`` (the first
     frame outside transformers and torch -> ``calls``, ``affected``). ``unknown``: model types of models in
     memory that hfpatch does not patch, with why (their calls are not counted at all)."""
 
@@ -80,21 +82,26 @@ class AuditReport:
 def table(data: dict[str, Any]) -> str:
     """The short table ``hfpatch audit`` prints: one line per model type, then one per call site of
     wrong calls, then what it could not judge."""
-    rows = [("model type", "calls", "wrong", "rows", "tokens", "worst shift", "patched")]
+    rows = [
+        ("model type", "calls", "not judged", "wrong", "rows", "tokens", "worst shift", "packed", "patched")
+    ]
     sites: dict[str, list[str]] = {}
     unjudged = []
     for arch, entry in data.items():
         if entry.get("calls") is None:
             unjudged.append(f"{arch} ({next(iter(entry['not_judged']))})")
             continue
-        counts = (entry[name] for name in ("calls", "affected", "rows", "tokens", "worst_shift", "patched"))
-        rows.append((arch, *map(str, counts)))
+        reasons = dict(entry["not_judged"])
+        if entry.get("positions_given"):
+            reasons = {"the caller's positions": entry["positions_given"], **reasons}
+        counts = (entry[name] for name in ("affected", "rows", "tokens", "worst_shift", "packed", "patched"))
+        rows.append((arch, str(entry["calls"]), str(sum(reasons.values())), *map(str, counts)))
         for site, at in entry["sites"].items():
             if at["affected"]:
                 sites.setdefault(site, []).append(f"{arch} {at['affected']} of {at['calls']} calls")
-        unjudged += [f"{arch}: {n} calls ({why})" for why, n in entry["not_judged"].items()]
+        unjudged += [f"{arch}: {n} calls ({why})" for why, n in reasons.items()]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["hfpatch audit: what stock transformers got wrong by positions (results unchanged)"]
+    lines = ["hfpatch audit: what stock transformers got wrong by positions and packing (results unchanged)"]
     for row in rows:
         lines.append(
             "  ".join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths)))

@@ -5,7 +5,9 @@ it by positions, read from its arguments before it runs, by the rules hfpatch's 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
+import re
 import sys
 import weakref
 from typing import Any, Optional
@@ -14,7 +16,8 @@ import torch
 
 from .caches import capacity, past_length
 from .declarations import PADDED_TABLE, SINUSOID, TABLE
-from .positions import stock_error
+from .packed import packed_rows
+from .positions import packed_stock_error, stock_error
 from .rope import DYNAMIC, scaled_rope
 from .support import in_range, installed_transformers
 from .windows import CHUNKED, _layer_types, _text_config, _window_of, positional
@@ -56,6 +59,7 @@ class Watcher:
         return facts
 
     def _count(self, seen: Any, arch: str, stats: Optional[list[int]], unjudged: Optional[str]) -> None:
+        # stats: [rows, tokens, worst shift] stock got wrong, and 1 where the call packs rows
         site = call_site()[0]
         report = self.report
         with report._lock:
@@ -68,7 +72,9 @@ class Watcher:
                 entry["positions_given"] += 1
             elif unjudged is not None:
                 entry["not_judged"][unjudged] = entry["not_judged"].get(unjudged, 0) + 1
-            elif stats is not None and stats[0]:
+            if stats is not None and stats[3:]:
+                entry["packed"] += 1
+            if stats is not None and stats[0]:
                 entry["affected"] += 1
                 at[1] += 1
                 entry["rows"] += stats[0]
@@ -112,13 +118,39 @@ class _Facts:
             and getattr(getattr(model, "config", None), "_attn_implementation", None) == "sdpa"
         )
         self.scaled = scaled_rope(model)
+        self.detects_packing = _detects_packing(model, adapter)
+
+
+def _detects_packing(model: Any, adapter: Any) -> bool:
+    """Whether the release's own mask code keeps a packed row to its sequences when the call has neither
+    a mask nor a cache (masking_utils, 4.53+, for a class that hands its positions to it), or its flash
+    attention does (without a mask: by the positions)."""
+    attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if isinstance(attention, str) and attention.startswith("flash"):
+        return True
+    masking = sys.modules.get("transformers.masking_utils")
+    if getattr(masking, "find_packed_sequence_indices", None) is None:
+        return False
+    owner = next((type(m) for m in model.modules() if type(m).__name__ == adapter.cls), None)
+    try:
+        source = inspect.getsource(inspect.unwrap(owner.forward)) if owner is not None else ""
+    except (OSError, TypeError):
+        return False
+    return bool(_HANDS_POSITIONS.search(source))
+
+
+# a call of masking_utils' mask functions that passes the positions (or a dict of their arguments with them)
+_HANDS_POSITIONS = re.compile(
+    r"create_(?:causal|sliding_window_causal|chunked_causal)_mask\((?:[^()]|\([^()]*\))*position_ids"
+    r"|[\"']position_ids[\"']\s*:\s*position_ids"
+)
 
 
 def _judge(seen: Any, facts: _Facts) -> Any:
     """``[rows, tokens, worst shift]`` stock gets wrong in this call, or why it is not judged."""
     kwargs = seen.kwargs
     if kwargs.get("position_ids") is not None:
-        return GIVEN
+        return _judge_packed(seen, facts)
     mask = kwargs.get("attention_mask")
     if mask is None:
         return [0, 0, 0]  # stock's positions are the reference's
@@ -157,6 +189,35 @@ def _judge(seen: Any, facts: _Facts) -> Any:
         per_row, worst = (error > 0).sum(-1).tolist(), int(error.max())
     tokens = sum(per_row)
     return [len(per_row) - per_row.count(0), tokens, worst] if tokens else [0, 0, 0]
+
+
+def _judge_packed(seen: Any, facts: _Facts) -> Any:
+    """A call with the caller's positions: where they restart inside a row (a packed batch), the tokens
+    stock lets see the sequences before them; any other is the caller's (not judged)."""
+    kwargs = seen.kwargs
+    tokens = kwargs.get("input_ids")
+    tokens = tokens if tokens is not None else kwargs.get("inputs_embeds")
+    found = packed_rows(kwargs, tokens if tokens is not None and tokens.dim() >= 2 else None)
+    if found is None:
+        return GIVEN
+    mask, _, segment_ids = found
+    uses_cache = kwargs.get("use_cache")
+    if uses_cache is None:
+        uses_cache = getattr(getattr(seen.model, "config", None), "use_cache", True)
+    if seen.model.training and getattr(seen.model, "gradient_checkpointing", False):
+        uses_cache = False  # transformers turns the cache off for checkpointed training
+    given = kwargs.get("attention_mask")
+    if facts.detects_packing and given is None and seen.cache is None and not uses_cache:
+        return [0, 0, 0, 1]  # transformers' own packed path
+    if facts.own_windows or facts.scaled is not None or facts.unjudged is not None:
+        return "a packed row with " + (
+            facts.unjudged
+            or ("rope scaled by length" if facts.scaled else "a window by this release's own rule")
+        )
+    wrong = packed_stock_error(segment_ids, given, facts.windows).expand(mask.shape)
+    per_row = wrong.sum(-1).tolist()
+    tokens = sum(per_row)
+    return [len(per_row) - per_row.count(0), tokens, 0, 1] if tokens else [0, 0, 0, 1]
 
 
 def call_site() -> tuple[str, Any]:

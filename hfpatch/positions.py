@@ -25,6 +25,7 @@ __all__ = [
     "cache_positions",
     "has_holes",
     "new_token_positions",
+    "packed_stock_error",
     "positions_from_mask",
     "positions_in_segments",
     "restarts",
@@ -373,3 +374,34 @@ def stock_error(
         if unchanged >= len(set(kinds)):
             break
     return pads_before[:, start:] * state[:, start:]  # a wrong token has a pad before it
+
+
+def packed_stock_error(
+    segment_ids: torch.Tensor, attention_mask: Optional[torch.Tensor], windows: Sequence[Optional[int]] = ()
+) -> torch.Tensor:
+    """Which real tokens of a packed batch (nothing cached before it) stock transformers gets wrong where
+    its mask lets each sequence see the ones before it in its row: every real token of a sequence after
+    the row's first, unless every layer has a sliding window (counted in columns) and the token is far
+    enough from its sequence's start that none reaches back across it (each layer reaches its window
+    less one further back: errors travel from layer to layer).
+
+    Args:
+        segment_ids: ``[batch, length]``, :func:`segments` of the call's positions and mask.
+        attention_mask: ``[batch, length]`` (None: every token is real).
+        windows: each layer's sliding window, in order (None: full attention).
+
+    Returns:
+        ``[batch, length]`` bool.
+
+    Example:
+        >>> packed_stock_error(torch.tensor([[0, 0, 0, 1, 1, 1]]), None)
+        tensor([[False, False, False,  True,  True,  True]])
+        >>> packed_stock_error(torch.tensor([[0, 0, 0, 1, 1, 1]]), None, windows=[2, 2])
+        tensor([[False, False, False,  True,  True, False]])
+    """
+    real = torch.ones_like(segment_ids, dtype=torch.bool) if attention_mask is None else attention_mask != 0
+    later = real & (segment_ids > 0)
+    if not windows or any(window is None for window in windows):
+        return later
+    reach = sum(window - 1 for window in windows)
+    return later & (positions_in_segments(segment_ids) < reach)

@@ -1,6 +1,7 @@
 """A script for tests/test_audit.py: tiny GPT-2, Llama and Mistral (window 3) models, called as a user
 would (padded batches, unpadded ones, right-padded cached prefixes continued, left padding in one
-call), every call's inputs and logits saved to ``sys.argv[1]``. Run stock, and under ``hfpatch
+call, rows packing several sequences), every call's inputs and logits saved to
+``sys.argv[1]``. Run stock, and under ``hfpatch
 audit``: the logits must be the same bits, and the audit's counts what each row alone says."""
 
 from __future__ import annotations
@@ -38,6 +39,29 @@ CHAINS = [
 ]
 
 
+# (model type, the lengths of the sequences each row packs, pass the mask?, use_cache): one call each,
+# positions restarting at each sequence (rows right-padded to the longest)
+PACKED = [
+    ("gpt2", [[4, 3]], False, None),  # DataCollatorWithFlattening's batch: the default cache
+    ("llama", [[3, 2, 4], [5, 2]], True, None),  # two padded packed rows
+    ("llama", [[3, 3]], False, False),  # no mask, no cache: transformers' own packed path (4.53+)
+    ("mistral", [[6, 5]], False, None),  # window 3: a token 4 or more into its sequence sees only it
+]
+
+
+def packed_call(lengths: list[list[int]], generator: torch.Generator) -> tuple[torch.Tensor, ...]:
+    """(ids, positions, mask) of rows packing sequences of ``lengths``."""
+    width = max(sum(row) for row in lengths)
+    ids = torch.zeros(len(lengths), width, dtype=torch.long)
+    positions = torch.zeros_like(ids)
+    mask = torch.zeros_like(ids)
+    for r, row in enumerate(lengths):
+        ids[r, : sum(row)] = torch.randint(3, 60, (sum(row),), generator=generator)
+        positions[r, : sum(row)] = torch.cat([torch.arange(n) for n in row])
+        mask[r, : sum(row)] = 1
+    return ids, positions, mask
+
+
 def run(path: str) -> None:
     built = {arch: build(arch) for arch in dict(CHAINS)}
     generator = torch.Generator().manual_seed(0)
@@ -54,6 +78,14 @@ def run(path: str) -> None:
                 cache = out.past_key_values
                 records.append({"arch": arch, "ids": ids_so_far.clone(), "mask": columns.clone(),
                                 "new": ids.shape[1], "logits": out.logits.clone()})  # fmt: skip
+        for arch, lengths, with_mask, use_cache in PACKED:
+            ids, positions, mask = packed_call(lengths, generator)
+            given = mask if with_mask else None
+            out = built[arch](
+                input_ids=ids, position_ids=positions, attention_mask=given, use_cache=use_cache
+            )
+            records.append({"arch": arch, "ids": ids, "mask": mask, "new": ids.shape[1],
+                            "positions": positions, "logits": out.logits.clone()})  # fmt: skip
     torch.save(records, path)
 
 

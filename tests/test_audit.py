@@ -51,12 +51,34 @@ def wrong_tokens(model, ids, mask, num_new, logits) -> torch.Tensor:
     return wrong
 
 
+def wrong_packed_tokens(model, ids, positions, mask, logits) -> torch.Tensor:
+    """[batch, length] bool: the real tokens of packed rows whose logits differ from their sequence run
+    alone (a sequence starts where a real token's position is not the previous one's + 1)."""
+    wrong = torch.zeros(mask.shape, dtype=torch.bool)
+    with torch.no_grad():
+        for row in range(mask.shape[0]):
+            columns = mask[row].nonzero().flatten().tolist()
+            starts = [
+                i
+                for n, i in enumerate(columns)
+                if n == 0 or positions[row, i] != positions[row, columns[n - 1]] + 1
+            ]
+            for first, end in zip(starts, [*starts[1:], columns[-1] + 1]):
+                alone = model(input_ids=ids[row, first:end][None]).logits[0]
+                wrong[row, first:end] = (logits[row, first:end] - alone).abs().amax(-1) > TOLERANCE
+    return wrong
+
+
 def truth(records, models) -> dict:
     counts = {}
     for record in records:
-        wrong = wrong_tokens(
-            models[record["arch"]], record["ids"], record["mask"], record["new"], record["logits"]
-        )
+        model = models[record["arch"]]
+        if "positions" in record:
+            wrong = wrong_packed_tokens(
+                model, record["ids"], record["positions"], record["mask"], record["logits"]
+            )
+        else:
+            wrong = wrong_tokens(model, record["ids"], record["mask"], record["new"], record["logits"])
         entry = counts.setdefault(record["arch"], dict.fromkeys(COUNTED, 0))
         rows = int(wrong.any(-1).sum())
         entry["calls"] += 1
@@ -81,7 +103,8 @@ def test_audit_leaves_results_stock_and_counts_what_each_row_alone_says(tmp_path
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     stock, audited = torch.load(tmp_path / "stock.pt"), torch.load(tmp_path / "audited.pt")
-    assert len(stock) == len(audited) == sum(len(calls) for _, calls in audit_script.CHAINS)
+    calls = sum(len(calls) for _, calls in audit_script.CHAINS) + len(audit_script.PACKED)
+    assert len(stock) == len(audited) == calls
     for before, after in zip(stock, audited):
         assert torch.equal(before["logits"], after["logits"])  # the same bits
     counted = json.loads(report.read_text())
@@ -95,10 +118,16 @@ def test_audit_leaves_results_stock_and_counts_what_each_row_alone_says(tmp_path
     assert {arch: {name: counted[arch][name] for name in COUNTED} for arch in expected} == expected
     assert expected, "no model type was judged"
     assert all(expected[arch]["affected"] for arch in expected)  # stock is wrong in each, somewhere
+    packed = {arch: sum(1 for a, *_ in audit_script.PACKED if a == arch) for arch in expected}
+    assert {arch: counted[arch]["packed"] for arch in expected} == packed
     if "llama" in expected:  # left padding in one call: right on stock
         assert expected["llama"]["affected"] < expected["llama"]["calls"]
-    line = next(n for n, text in enumerate(script_lines(), 1) if "out = model(" in text)
-    assert set(counted["gpt2"]["sites"]) == {f"tests/audit_script.py:{line}"}  # the first frame outside
+    lines = [
+        n for n, text in enumerate(script_lines(), 1) if "out = model(" in text or "out = built[" in text
+    ]
+    assert set(counted["gpt2"]["sites"]) == {
+        f"tests/audit_script.py:{n}" for n in lines
+    }  # the first frame outside
     printed = done.stderr[done.stderr.index("hfpatch audit: what stock") :].strip()
     if TF == Version(NEWEST_TESTED):  # the README shows what it prints (on the newest tested release)
         assert f"```\n{printed}\n```" in (HERE.parent / "README.md").read_text(), printed
