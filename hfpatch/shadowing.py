@@ -34,6 +34,7 @@ from ._compat import CACHE_NAMES, output_cache
 from ._context import SHADOW_COUNTS, unwatch, watch
 from .caches import _first_layer_keys, capacity, past_length
 from .judge import call_site
+from .packed import packed_rows
 from .rope import scaled_rope
 from .testing import FP32, RELATIVE
 
@@ -42,6 +43,9 @@ __all__ = ["ShadowMismatch", "ShadowReport", "shadow", "shadow_this_process"]
 # arguments a row can be run alone with; any other tensor argument (token types, images) is let go
 TAKEN = {"input_ids", "inputs_embeds", "attention_mask", "use_cache", "return_dict", "output_attentions",
          "output_hidden_states", *CACHE_NAMES}  # fmt: skip
+
+
+PACKED = "packed"  # a check of a packed batch (see _Watcher.before)
 
 
 class ShadowMismatch(RuntimeWarning):
@@ -174,23 +178,32 @@ class _Watcher:
         or None."""
         kwargs, model = seen.kwargs, seen.model
         mask = kwargs.get("attention_mask")
-        if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
+        ids = kwargs.get("input_ids")
+        tokens = ids if ids is not None else kwargs.get("inputs_embeds")
+        if tokens is not None and tokens.dim() != (2 if ids is not None else 3):
+            tokens = None
+        found = packed_rows(kwargs, tokens) if kwargs.get("position_ids") is not None else None
+        if found is None and (not isinstance(mask, torch.Tensor) or mask.dim() != 2):
             return None  # no padding to check (or a 4-D mask: the caller's own)
-        if kwargs.get("position_ids") is not None or kwargs.get("cache_position") is not None:
+        if found is None and (
+            kwargs.get("position_ids") is not None or kwargs.get("cache_position") is not None
+        ):
             return self.skip("the caller's positions")
         family = seen.adapter.family
         if family.hands_to is not None or family.seq2seq or family.multimodal:
             return self.skip("a decoder of an encoder-decoder model, or a multimodal wrapper")
         if model.training:
             return self.skip("training mode (dropout)")
-        if any(isinstance(v, torch.Tensor) for k, v in kwargs.items() if k not in TAKEN):
+        if any(
+            isinstance(v, torch.Tensor) for k, v in kwargs.items() if k not in TAKEN and k != "position_ids"
+        ):
             return self.skip("other inputs")
         if self._scaled(model):
             return self.skip("rope scaled by length (running a row alone would change its state)")
-        ids = kwargs.get("input_ids")
-        tokens = ids if ids is not None else kwargs.get("inputs_embeds")
-        if tokens is None or tokens.dim() != (2 if ids is not None else 3):
+        if tokens is None:
             return None
+        if found is not None:  # a packed batch: its sequences, each against itself alone
+            return (PACKED, found, False) if self.sample() < self.rate else None
         cache, num_new = seen.cache, tokens.shape[1]
         if cache is None or (capacity(cache) is None and past_length(cache) == 0):
             if mask.shape[1] != num_new or self.sample() >= self.rate:
@@ -214,6 +227,9 @@ class _Watcher:
         if check is None:
             return
         cache, whole, follow = check
+        if cache is PACKED:
+            self.compare_packed(seen, whole, result)
+            return
         if whole is not None:
             self.compare(seen, whole, result)
         if follow:
@@ -230,6 +246,36 @@ class _Watcher:
             self.followed[id(out)] = _Followed(out, ids)
             if before is None or before.ref() is not out:  # forgotten when the cache is
                 weakref.finalize(out, self.followed.pop, id(out), None)
+
+    def compare_packed(self, seen: Any, found: tuple, result: Any) -> None:
+        """One packed sequence, chosen at random, run alone with its own positions."""
+        mask, positions, segment_ids = found
+        key = "input_ids" if seen.kwargs.get("input_ids") is not None else "inputs_embeds"
+        inputs = seen.kwargs[key]
+        real = mask != 0
+        segment_ids = segment_ids.expand(real.shape)
+        sequences = torch.unique(segment_ids[real] + segment_ids.shape[1] * real.nonzero()[:, 0]).tolist()
+        chosen = sequences[self.sample(len(sequences))]
+        row, segment = divmod(chosen, segment_ids.shape[1])
+        columns = (real[row] & (segment_ids[row] == segment)).nonzero().flatten()
+        live = _outputs(result)[row, columns]
+        alone_kwargs = {
+            key: inputs[row, columns][None],
+            "position_ids": positions.expand(real.shape)[row, columns][None],
+        }
+        if "use_cache" in seen.kwargs:
+            alone_kwargs["use_cache"] = False
+        with torch.no_grad():
+            alone = _outputs(seen.model(**alone_kwargs))[0]
+        self.judge(
+            seen,
+            live.detach(),
+            alone.detach(),
+            row,
+            mask.shape[0],
+            f"a packed batch, sequence {segment}",
+            mask.shape[1],
+        )
 
     def compare(self, seen: Any, whole: torch.Tensor, result: Any) -> None:
         mask, model = seen.kwargs["attention_mask"], seen.model
@@ -248,7 +294,22 @@ class _Watcher:
             if "use_cache" in seen.kwargs:
                 kwargs["use_cache"] = False
             alone = _outputs(model(**kwargs))[0, -count:]
-        live, alone = live.detach(), alone.detach()
+        past = whole.shape[1] - num_new
+        scenario = f"a cached prefix of {past} columns + {num_new} tokens" if past else "one padded call"
+        self.judge(seen, live.detach(), alone.detach(), row, batch, scenario, mask.shape[1])
+
+    def judge(
+        self,
+        seen: Any,
+        live: torch.Tensor,
+        alone: torch.Tensor,
+        row: int,
+        batch: int,
+        scenario: str,
+        width: int,
+    ) -> None:
+        """Count one row's comparison; warn (once per model type and call site) where it differs."""
+        model = seen.model
         scale = float(alone.abs().max()) if alone.numel() else 1.0
         dtype = alone.dtype
         # testing's tolerances, each a share of the row's largest |output| here (live models' are large)
@@ -272,11 +333,9 @@ class _Watcher:
         if (arch, site) in self.warned:
             return
         self.warned.add((arch, site))
-        past = whole.shape[1] - num_new
-        scenario = f"a cached prefix of {past} columns + {num_new} tokens" if past else "one padded call"
         message = (
             f"hfpatch shadow: {type(model).__name__} ({arch}), row {row} of a batch of {batch} "
-            f"({scenario}, {mask.shape[1]} columns): {diff:.2g} from the row run alone (tolerance "
+            f"({scenario}, {width} columns): {diff:.2g} from the row run alone (tolerance "
             f"{bound:.1g}); later mismatches here are only counted (hfpatch.status().shadow)"
         )
         if frame is None:

@@ -174,3 +174,30 @@ def test_hfpatch_shadow_variable_with_the_launcher():
     assert done.returncode == 0, done.stderr
     assert "'checked': 1, 'mismatches': 0" in done.stdout, done.stdout
     assert "hfpatch shadow (process" in done.stderr and "1 rows checked, 0 mismatches" in done.stderr
+
+
+def test_packed_rows_are_checked_one_sequence_at_a_time(model):
+    """A packed batch (positions restarting): on stock its later sequences see the earlier ones, which
+    the shadow finds by running a sequence alone with its positions; patched, where this release keeps
+    packed rows, it finds nothing. The live logits are the same bits either way."""
+    from packaging.version import Version
+
+    from conftest import TF
+    from expectations import PACKED_FROM
+
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18]])
+    positions = torch.tensor([[0, 1, 2, 3, 4, 5, 0, 1, 2, 0, 1, 2, 3, 4]])
+    arch = model.config.model_type
+    with torch.no_grad():
+        with hfpatch.unpatched():
+            plain = model(input_ids=ids, position_ids=positions).logits
+        with hfpatch.unpatched(), warnings.catch_warnings(), hfpatch.shadow(rate=1.0) as report:
+            warnings.simplefilter("ignore")
+            watched = [model(input_ids=ids, position_ids=positions).logits for _ in range(6)]
+    assert all(torch.equal(plain, logits) for logits in watched)
+    assert report.checked == 6 and report.mismatches >= 1 and report.worst > 1e-3, report
+    if TF >= Version(PACKED_FROM[arch]):
+        with hfpatch.shadow(rate=1.0) as report, torch.no_grad():
+            for _ in range(6):
+                model(input_ids=ids, position_ids=positions)
+        assert report.checked == 6 and report.mismatches == 0, report
