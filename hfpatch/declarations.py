@@ -94,8 +94,10 @@ class Adapter(NamedTuple):
             patched with the adapter.
         also: other classes of the module whose ``forward`` gets the same patch (the encoder of a
             seq2seq model, whose absolute positions are wrong under left padding on stock).
-        packs: why a row that packs several sequences (positions that restart) cannot be kept to them by a
-            mask (recurrent blocks carry their state across the sequences), or None where it can.
+        packed: what ``status()`` says of a row that packs several sequences (positions that restart)
+            where the class's mask code does not decide it, measured by the release probe: ``"no: why"``
+            (recurrent or linear-attention layers carry their state across the sequences; layers that
+            take no mask by sequence), or ``"yes: how"`` (a wrapper whose language model keeps them).
         source: the module of a class outside transformers (:mod:`hfpatch.custom`), else None.
         recognised: for such a class, how it was recognised (then its check on a tiny copy decides,
             not a release range).
@@ -114,7 +116,7 @@ class Adapter(NamedTuple):
     unverified: tuple[tuple[str, str], ...] = ()
     receiver: Optional[str] = None
     also: tuple[str, ...] = ()
-    packs: Optional[str] = None
+    packed: Optional[str] = None
     source: Optional[str] = None
     recognised: str = ""
 

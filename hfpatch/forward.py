@@ -126,8 +126,8 @@ def packed_support(adapter: Adapter, plan: Plan) -> str:
     family = adapter.family
     if family.hands_to is not None or family.multimodal or family.seq2seq:
         return ""
-    if adapter.packs is not None:
-        return f"no: {adapter.packs}"
+    if adapter.packed is not None:
+        return adapter.packed
     if plan.masks is None or not plan.masks.packed:
         return f"no: {NO_4D_MASK}"
     return "yes (eager, SDPA, flex)" if plan.masks.form == MASK_FUNCTIONS else "yes (eager, SDPA)"
@@ -193,8 +193,8 @@ def given_masks(model: Any, adapter: Adapter, plan: Plan, kwargs: dict, cache: A
 def _not_kept(model: Any, adapter: Adapter, masks: Optional[MaskPlan], kwargs: dict) -> Optional[str]:
     """Why a packed row of ``model`` cannot be kept to its sequences here ("" where transformers' own
     packed path runs: flash attention without a mask), or None where it can."""
-    if adapter.packs is not None:
-        return adapter.packs
+    if adapter.packed is not None:  # declared: kept by its language model (""), or why not
+        return "" if adapter.packed.startswith("yes") else adapter.packed.removeprefix("no: ")
     attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
     if isinstance(attention, str) and attention.startswith("flash") and kwargs.get("attention_mask") is None:
         return ""

@@ -52,6 +52,8 @@ __all__ = [
 
 SLIDING, CHUNKED, FULL = "sliding_attention", "chunked_attention", "full_attention"
 KNOWN_TYPES = (FULL, SLIDING, CHUNKED)
+INDEXED = "indexed_attention"  # DeepSeek V3.2's sparse attention: its indexer picks keys the mask allows
+PACKED_TYPES = (*KNOWN_TYPES, INDEXED)  # the layer types a packed row's mask by sequence reaches
 ATTENTION = ("eager", "sdpa")  # flash attention unpads and applies its own window; flex: left to stock
 FLEX = "flex_attention"  # a packed row's BlockMask, where the mask functions take one (4.53+)
 
@@ -64,6 +66,8 @@ CREATORS = (
     "create_causal_mask", "create_sliding_window_causal_mask", "create_chunked_causal_mask",
     "create_masks_for_generate",
 )  # fmt: skip
+# ``if not isinstance(causal_mask_mapping := attention_mask, dict):``, whatever the name
+_TAKES_DICT = re.compile(r"isinstance\(\s*\w+\s*:=\s*attention_mask\s*,\s*dict\s*\)")
 _AS_GIVEN = re.compile(r"(?:dim\(\)|ndim) == 4:(?:\s*#[^\n]*)*\s*causal_mask = attention_mask\b")
 
 
@@ -103,7 +107,7 @@ def mask_plan(owner: type, packed: bool = True) -> Optional[MaskPlan]:
     except (OSError, TypeError):
         return None
     # 4.53+: masks per layer type (a seq2seq decoder's: ``self_attn_mask_mapping``)
-    takes_dict = "mask_mapping := attention_mask, dict" in source
+    takes_dict = bool(_TAKES_DICT.search(source))
     if takes_dict and _dict_skips_a_name(source):
         return None  # the forward cannot take the masks as a dict: its masks stay transformers'
     masking_utils = takes_dict or any(
@@ -138,7 +142,7 @@ def _dict_skips_a_name(source: str) -> bool:
         return {node.id for node in nodes if isinstance(node, ast.Name) and isinstance(node.ctx, context)}
 
     for block in ast.walk(forward):
-        if isinstance(block, ast.If) and "mask_mapping := attention_mask" in ast.unparse(block.test):
+        if isinstance(block, ast.If) and _TAKES_DICT.search(ast.unparse(block.test)):
             inner = list(ast.walk(block))
             mine = {id(node) for node in inner}
             outer = [node for node in ast.walk(forward) if id(node) not in mine]
@@ -168,7 +172,8 @@ def apply_masks(
     if plan.decoder_cache:  # T5Gemma 2 merges each kind with the cross mask, whichever its layers use
         windows.setdefault(FULL, None)
     sizes = [size for size in windows.values() if size is not None]
-    if not set(windows) <= set(KNOWN_TYPES) or (len(windows) > 1 and not plan.takes_mask_dict):
+    known = KNOWN_TYPES if packed is None else PACKED_TYPES
+    if not set(windows) <= set(known) or (len(windows) > 1 and not plan.takes_mask_dict):
         return False  # a layer type this does not know (linear, hybrid ...): left to stock
     if packed is None:
         if not sizes:
@@ -245,7 +250,7 @@ def packed_here(model: Any, plan: Optional[MaskPlan]) -> bool:
     if attention not in ATTENTION and not (attention == FLEX and plan.form == MASK_FUNCTIONS):
         return False
     kinds = set(_layer_types(config, plan)) if plan.windowed else {FULL}
-    return kinds <= set(KNOWN_TYPES) and (len(kinds) == 1 or plan.takes_mask_dict)
+    return kinds <= set(PACKED_TYPES) and (len(kinds) == 1 or plan.takes_mask_dict)
 
 
 def positional(model: Any, cls: str) -> bool:

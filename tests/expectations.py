@@ -62,6 +62,9 @@ NOT_BUILDABLE = "tiny model does not run"  # failed before anything was measured
 # should patch it: not recognised, or its check on a tiny copy refused it (status() says why)
 NOT_PATCHED = "not patched"
 FAILURE_KINDS = (WRONG_WITH_POSITIONS, STOCK_FAILS, STOCK_RIGHT, CLASS_DIFFERS, NOT_BUILDABLE, NOT_PATCHED)
+# a packed-rows probe (tests/test_architectures.py): status() says the release cannot keep the model's packed
+# rows to their sequences, and its results are stock's, bit for bit (a pass: declared, not claimed)
+NOT_KEPT = "packed rows not kept"
 ABSENT = "absent"  # skipped: the release does not ship the model type (for a custom copy: nothing to copy)
 OUTSIDE = "outside"  # skipped: outside the declared range (the probe patches it with --outside-ranges)
 SKIPPED = "skipped"  # skipped for another reason (its message says)
@@ -70,7 +73,7 @@ SKIPPED = "skipped"  # skipped for another reason (its message says)
 # (custom-llama, custom-from-scratch, ...): what they record besides the kinds above
 CUSTOM = "custom-"
 LEFT_ALONE = "left alone"  # passed: a model hfpatch must not patch is not patched, its results stock's
-PASS_KINDS = (EXACT, LEFT_ALONE)
+PASS_KINDS = (EXACT, LEFT_ALONE, NOT_KEPT)
 NO_CACHE_CLASS = "no DynamicCache"  # skipped: the from-scratch model uses transformers.DynamicCache (4.36+)
 NOT_REMOTE_CODE = (
     "not loadable as remote code"  # skipped: transformers refuses the copy's file, hfpatch or not

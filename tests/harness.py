@@ -26,12 +26,14 @@ __all__ = [
     "WRONG",
     "cache_kwarg",
     "max_diff",
+    "noise_floor",
     "output_cache",
     "random_case",
     "random_rows",
     "run_alone",
     "run_padded",
     "static_cache",
+    "tolerance_of",
     "worker_script",
 ]
 
@@ -50,6 +52,26 @@ def run_alone(model: Any, tokens: Sequence[int]) -> torch.Tensor:
     """Logits ``[len(tokens), vocab]`` of one sequence, unpadded, in one call, on stock transformers."""
     with torch.no_grad(), hfpatch.unpatched():
         return model(input_ids=torch.tensor([list(tokens)])).logits[0]
+
+
+def noise_floor(model: Any, rows: Sequence[Sequence[int]], pads: int = 3) -> float:
+    """fp32's own noise at these lengths: the largest |logit difference| of each row run with ``pads`` pads
+    after it (masked: nothing about its positions changes) from the row run alone, on stock. A model with
+    large logits (scaled embeddings) has more of it than TOLERANCE allows."""
+    worst = 0.0
+    with torch.no_grad(), hfpatch.unpatched():
+        for row in rows:
+            ids = torch.tensor([list(row) + [PAD] * pads])
+            mask = torch.tensor([[1] * len(row) + [0] * pads])
+            padded = model(input_ids=ids, attention_mask=mask).logits[0, : len(row)]
+            worst = max(worst, (padded - run_alone(model, row)).abs().max().item())
+    return worst
+
+
+def tolerance_of(model: Any, rows: Sequence[Sequence[int]]) -> float:
+    """TOLERANCE, or four times the model's fp32 noise at these lengths where that is more (a wrong
+    position or a leaked sequence is 1e-2 or more on these tiny models)."""
+    return max(TOLERANCE, 4 * noise_floor(model, rows))
 
 
 def max_diff(model: Any, rows: Sequence[Sequence[int]], got: Sequence[torch.Tensor]) -> float:

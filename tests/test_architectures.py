@@ -7,6 +7,7 @@ The compat matrix reads this module's results (compat/results/probe/)."""
 from __future__ import annotations
 
 import pytest
+import torch
 from packaging.version import Version
 from probes import judge_verification
 
@@ -15,8 +16,8 @@ from hfpatch.support import NEWEST_TESTED
 from hfpatch.verification.tiny import tiny_model, tiny_seq2seq
 
 from conftest import REGISTRY, SEQ2SEQ_MODEL_TYPES, TF, require_covered
-from expectations import ABSENT, OUTSIDE
-from harness import TOLERANCE, WRONG
+from expectations import ABSENT, EXACT, NOT_KEPT, OUTSIDE, STOCK_RIGHT, WRONG_WITH_POSITIONS
+from harness import TOLERANCE, WRONG, tolerance_of
 
 # the model types that run a patched class: each adapter's own and its aliases (exaone runs LlamaModel),
 # and the encoder-decoder models whose decoder (and encoder) a seq2seq adapter patches (verify runs their
@@ -79,6 +80,54 @@ def test_verify_covered_architecture(name, model_type, attention, probe):
     assert all(row.patched <= TOLERANCE for row in result.rows)
     if newest:
         assert result.stock_wrong, f"stock transformers is right: the declaration is stale\n{result}"
+
+
+# decoder-only model types (no seq2seq decoder takes packed rows)
+PACKED_PARAMS = [
+    param
+    for param, (name, _) in zip(PARAMS, COVERED)
+    if not REGISTRY[name].family.seq2seq and REGISTRY[name].family.hands_to is None
+]
+
+
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+@pytest.mark.parametrize("name, model_type", PACKED_PARAMS)
+def test_packed_rows_covered_architecture(name, model_type, attention, probe):
+    """Rows packing several sequences (positions restarting: no mask, an all-ones mask, two padded rows),
+    each sequence against itself alone on stock: exact where status() says hfpatch keeps them, else
+    stock's results bit for bit (declared). The probe's packed cells (compat/REPORT.md)."""
+    from test_packed import SEQUENCES, run_layout, worst
+
+    probe.of(model_type, attention)
+    require_covered(name, probe)
+    try:
+        import transformers
+
+        transformers.AutoConfig.for_model(model_type)
+    except ValueError as exc:
+        probe.found(ABSENT)
+        pytest.skip(f"model type {model_type} is not in transformers {TF}: {exc}")
+    model = _tiny(model_type, attention)
+    said = hfpatch.status()[name].packed
+    layouts = ("no mask", "an all-ones mask", "two right-padded rows")
+    patched, on_stock = 0.0, 0.0
+    for layout in layouts:
+        logits, spans, _ = run_layout(model, layout)
+        with hfpatch.unpatched():
+            stock_logits, _, _ = run_layout(model, layout)
+        if not said.startswith("yes"):
+            assert torch.equal(logits, stock_logits), f"{layout}: not kept ({said}), yet not stock's"
+        patched = max(patched, worst(model, logits, spans))
+        on_stock = max(on_stock, worst(model, stock_logits, spans))
+    bound = tolerance_of(model, SEQUENCES)
+    kind = (
+        NOT_KEPT if not said.startswith("yes")
+        else WRONG_WITH_POSITIONS if patched > bound
+        else STOCK_RIGHT if on_stock <= WRONG
+        else EXACT
+    )  # fmt: skip
+    probe.found(kind, on_stock, patched)
+    assert kind in (EXACT, NOT_KEPT), f"packed rows of {model_type}: {kind} ({said}; stock {on_stock:.2g})"
 
 
 def test_status_lists_every_decoder_only_model_type():

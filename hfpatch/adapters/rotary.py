@@ -36,7 +36,10 @@ RECURRENT_STATE = (
     "keeps a recurrent state inside the model and returns no KV cache: a padded batch in one call is "
     "fixed (its recurrence restarts where position_ids are 0); a padded prefix continued later is not"
 )
-CARRIES_STATE = "its recurrent blocks carry their state from one packed sequence into the next"
+CARRIES_STATE = "no: its recurrent blocks carry their state from one packed sequence into the next"
+LINEAR_LAYERS = "no: its linear-attention layers carry their state from one packed sequence into the next"
+COMPRESSED_LAYERS = "no: its compressed attention layers take no mask by sequence"
+BY_LANGUAGE_MODEL = "yes: its language model keeps them (the multimodal model passes the positions on)"
 LLAMA4_NOPE = (
     "NoPE layers with attention temperature tuning (floor_scale) read positions from the cache length, "
     "not position_ids: left padding stays slightly wrong there (9e-3 on a tiny model)"
@@ -63,7 +66,7 @@ ADAPTERS = (
     Adapter("deepseek_v2", "DeepseekV2Model", ROTARY, "4.54"),
     Adapter("deepseek_v3", "DeepseekV3Model", ROTARY, "4.51", aliases=("sarvam_mla",)),
     Adapter("deepseek_v32", "DeepseekV32Model", ROTARY, "5.11"),
-    Adapter("deepseek_v4", "DeepseekV4Model", ROTARY, "5.8", limits=(COLUMN_WINDOW.format("its compressed / indexed attention"),)),
+    Adapter("deepseek_v4", "DeepseekV4Model", ROTARY, "5.8", limits=(COLUMN_WINDOW.format("its compressed / indexed attention"),), packed=COMPRESSED_LAYERS),
     Adapter("diffllama", "DiffLlamaModel", ROTARY, "4.48"),
     Adapter("doge", "DogeModel", ROTARY, "5.18"),
     Adapter("dory", "DoryModel", ROTARY, "5.24"),
@@ -117,7 +120,7 @@ ADAPTERS = (
     Adapter("mellum", "MellumModel", ROTARY, "5.10"),
     Adapter("mimo_v2_flash", "MiMoV2FlashModel", ROTARY, "5.13"),
     Adapter("minicpm3", "MiniCPM3Model", ROTARY, "5.13"),
-    Adapter("minimax", "MiniMaxModel", ROTARY, "5.15"),
+    Adapter("minimax", "MiniMaxModel", ROTARY, "5.15", packed=LINEAR_LAYERS),
     Adapter("minimax_m2", "MiniMaxM2Model", ROTARY, "5.0"),
     Adapter("minimax_m3_vl_text", "MiniMaxM3VLTextModel", ROTARY, "5.12", package="minimax_m3_vl"),
     Adapter("ministral", "MinistralModel", ROTARY, "4.57"),
@@ -134,8 +137,8 @@ ADAPTERS = (
     Adapter("olmo3", "Olmo3Model", ROTARY, "4.57"),
     Adapter("olmoe", "OlmoeModel", ROTARY, "4.45"),
     Adapter("persimmon", "PersimmonModel", ROTARY, "4.34"),
-    Adapter("recurrent_gemma", "RecurrentGemmaModel", ROTARY, "4.40", limits=(RECURRENT_STATE,), packs=CARRIES_STATE),
-    Adapter("fuyu", "FuyuModel", ROTARY, "4.52"),  # multimodal: counts positions itself
+    Adapter("recurrent_gemma", "RecurrentGemmaModel", ROTARY, "4.40", limits=(RECURRENT_STATE,), packed=CARRIES_STATE),
+    Adapter("fuyu", "FuyuModel", ROTARY, "4.52", packed=BY_LANGUAGE_MODEL),  # multimodal: counts positions itself
     Adapter("phi", "PhiModel", ROTARY, "4.36"),
     Adapter("phi3", "Phi3Model", ROTARY, "4.41"),
     Adapter("phi4_multimodal", "Phi4MultimodalModel", ROTARY, "5.1"),
