@@ -55,9 +55,8 @@ def _tiny(model_type: str, attention: str):
         raise
 
 
-@pytest.mark.parametrize("attention", ["eager", "sdpa"])
-@pytest.mark.parametrize("name, model_type", PARAMS)
-def test_verify_covered_architecture(name, model_type, attention, probe):
+def probed(name: str, model_type: str, attention: str, probe) -> None:
+    """Skip (recording why) unless ``model_type`` runs a patched class of adapter ``name`` here."""
     probe.of(model_type, attention)
     require_covered(name, probe)
     alias_since = dict(REGISTRY[name].alias_since).get(model_type)
@@ -73,6 +72,12 @@ def test_verify_covered_architecture(name, model_type, attention, probe):
     except ValueError as exc:
         probe.found(ABSENT)
         pytest.skip(f"model type {model_type} is not in transformers {TF}: {exc}")
+
+
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+@pytest.mark.parametrize("name, model_type", PARAMS)
+def test_verify_covered_architecture(name, model_type, attention, probe):
+    probed(name, model_type, attention, probe)
     result = hfpatch.verify(_tiny(model_type, attention))
     newest = TF >= Version(NEWEST_TESTED)
     judge_verification(probe, result, stock_wrong_expected=newest)
@@ -98,15 +103,7 @@ def test_packed_rows_covered_architecture(name, model_type, attention, probe):
     stock's results bit for bit (declared). The probe's packed cells (compat/REPORT.md)."""
     from test_packed import SEQUENCES, run_layout, worst
 
-    probe.of(model_type, attention)
-    require_covered(name, probe)
-    try:
-        import transformers
-
-        transformers.AutoConfig.for_model(model_type)
-    except ValueError as exc:
-        probe.found(ABSENT)
-        pytest.skip(f"model type {model_type} is not in transformers {TF}: {exc}")
+    probed(name, model_type, attention, probe)
     model = _tiny(model_type, attention)
     said = hfpatch.status()[name].packed
     layouts = ("no mask", "an all-ones mask", "two right-padded rows")
