@@ -36,6 +36,7 @@ from expectations import (  # noqa: E402
     FLAGSHIPS,
     NO_CACHE_CLASS,
     NOT_BUILDABLE,
+    NOT_KEPT,
     NOT_PATCHED,
     NOT_REMOTE_CODE,
     PASS_KINDS,
@@ -57,6 +58,7 @@ INVARIANTS = {  # the full suite's columns (a test's ``invariant`` marker), what
     "I7": "lifecycle and errors",
 }
 OUTCOME_ORDER = {"skip": 0, "pass": 1, "fail": 2}
+PACKED_TEST = "test_architectures::test_packed_rows_covered_architecture"  # its cells: a section of their own
 
 
 def load(release: str) -> dict:
@@ -86,11 +88,14 @@ def suite_cells(evidence: dict) -> dict:
     return cells
 
 
-def probe_cells(evidence: dict) -> dict:
+def probe_cells(evidence: dict, packed: bool = False) -> dict:
     """{model type: {attention: {"outcome", "kind", "stock", "hfpatch"}}}: the worst of each cell's tests
-    (any failure, else any pass, else a skip: absent where a test said the release lacks the type)."""
+    (any failure, else any pass, else a skip: absent where a test said the release lacks the type);
+    ``packed``: the packed-rows test's cells alone (else every other probe test's)."""
     cells: dict = {}
-    for entries in evidence.get("probe", {}).values():
+    for function, entries in evidence.get("probe", {}).items():
+        if (function == PACKED_TEST) != packed:
+            continue
         for model_type, attention, kind, *numbers in entries.values():
             outcome = "fail" if kind in FAILURE_KINDS else "pass" if kind in PASS_KINDS else "skip"
             cell = cells.setdefault(model_type, {}).setdefault(attention, {"outcome": "skip", "kinds": set()})
@@ -132,11 +137,18 @@ def build() -> dict:
     for release in RELEASES:
         evidence = load(release)
         probe = probe_cells(evidence)
+        packed = probe_cells(evidence, packed=True)
         cells = suite_cells(evidence)
         failing = any(state == "fail" for columns in cells.values() for state, _ in columns.values())
         failing |= any(
             run["outcome"] == "fail" and _patched_on(REGISTRY[model_type], release)
             for model_type, runs in probe.items()
+            if model_type in REGISTRY
+            for run in runs.values()
+        )
+        failing |= any(  # packed rows claimed kept and wrong
+            run["outcome"] == "fail" and _patched_on(REGISTRY[model_type], release)
+            for model_type, runs in packed.items()
             if model_type in REGISTRY
             for run in runs.values()
         )
@@ -150,6 +162,7 @@ def build() -> dict:
             "cells": cells,
             "cases": evidence.get("cases", {}),
             "probe": probe,
+            "packed": packed,
             "code": evidence.get("code", {}),
             "failing": failing,
         }
@@ -242,6 +255,7 @@ def render(summary: dict) -> str:
             row += [_wrong(count, "stock"), _wrong(count, "hfpatch")] if "cases" in count else ["n/a", "n/a"]
         lines.append("| " + " | ".join(row) + " |")
     lines += _render_probe(summary)
+    lines += _render_packed(summary)
     lines += _render_custom(summary)
     lines += ["", "## Notes: why a cell is n/a, known-bad or marked", ""]
     lines += [f"{i + 1}. {reason}" for i, reason in enumerate(footnotes)]
@@ -333,6 +347,72 @@ def _render_probe(summary: dict) -> list[str]:
                 ]
                 lines.append("| " + " | ".join(cells) + " |")
     return lines
+
+
+def _render_packed(summary: dict) -> list[str]:
+    """Packed rows (tests/test_architectures.py's packed test): per model type, the releases where each
+    packed sequence is exact, where hfpatch declares them not kept (stock's results), where wrong."""
+    title = "## Packed rows: the probe on every release"
+    probed = [r for r, e in summary.items() if e["packed"]]
+    if not probed:
+        command = "PROBE_TESTS=tests/test_architectures.py PROBE_K=packed PROBE_TAG=packed"
+        command += " bash compat/probe_matrix.sh"
+        return ["", title, "", f"No packed-rows probe results yet: run `{command}`."]
+    newest = probed[-1]
+    rows, kept_total, declared_total, wrong = [], 0, 0, []
+    for name, adapter in REGISTRY.items():
+        for model_type in (name, *adapter.aliases):
+            by_kind: dict = {}
+            for release in probed:
+                runs = summary[release]["packed"].get(model_type)
+                if not runs or not _patched_on(adapter, release, model_type):
+                    continue
+                outcome = probe_verdict(runs)
+                if outcome == "fail":
+                    kind = failure_kind(runs)
+                    wrong.append(f"{model_type} on {release}")
+                elif outcome == "pass":
+                    kind = (
+                        NOT_KEPT
+                        if all(NOT_KEPT in run["kinds"] for run in runs.values() if run["outcome"] == "pass")
+                        else "kept"
+                    )
+                else:
+                    continue
+                by_kind.setdefault(kind, []).append(release)
+            if not by_kind:
+                continue
+            kept, declared = by_kind.pop("kept", []), by_kind.pop(NOT_KEPT, [])
+            kept_total, declared_total = kept_total + len(kept), declared_total + len(declared)
+            newest_runs = summary[newest]["packed"].get(model_type, {})
+            numbers = [
+                max((run[n] for run in newest_runs.values() if n in run), default=None)
+                for n in ("stock", "hfpatch")
+            ]
+            cells = [model_type, _spans(kept, probed), _spans(declared, probed),
+                     "; ".join(f"{kind}: {_spans(rs, probed)}" for kind, rs in by_kind.items()) or "-",
+                     *(_num(value) for value in numbers)]  # fmt: skip
+            rows.append("| " + " | ".join(cells) + " |")
+    return [
+        "",
+        title,
+        "",
+        f"`tests/test_architectures.py::test_packed_rows_covered_architecture` on {len(probed)} releases "
+        f"({probed[0]} to {newest}), eager and SDPA: rows that pack three or four sequences, positions "
+        "restarting (no mask, an all-ones mask, two right-padded rows), each sequence against itself run "
+        "alone on stock. *kept*: `status()` says hfpatch keeps them and every real token is within the "
+        "tolerance (1e-5, or four times the model's own fp32 noise at these lengths); *not kept*: `status()` "
+        "says it cannot there (its reason), and the results are stock's, bit for bit; anything else is a "
+        "failure (*wrong with the positions*: claimed and wrong). Releases in each model type's declared "
+        f"range only; stock and hfpatch: the largest max|diff| on {newest}.",
+        "",
+        f"**(model type, release) pairs: {kept_total} kept and exact, {declared_total} declared not kept, "
+        f"{len(wrong)} wrong{': ' + ', '.join(wrong) if wrong else ''}.**",
+        "",
+        "| model type | kept (exact) | not kept (declared) | failing | stock | hfpatch |",
+        "|---" * 6 + "|",
+        *rows,
+    ]
 
 
 # the probe types of tests/test_custom_models.py (custom-KIND), in the report's order: what each model is
