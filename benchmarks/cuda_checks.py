@@ -2,6 +2,7 @@
 
     python benchmarks/cuda_checks.py            # all
     python benchmarks/cuda_checks.py seq2seq    # only 3.
+    python benchmarks/cuda_checks.py packed     # only 4.
 
 1. CUDA graphs: greedy decoding with a StaticCache and implicit positions (hfpatch derives them from
    the mask) under ``torch.compile(mode="reduce-overhead")`` gives the same tokens as eager.
@@ -15,6 +16,11 @@
    continued by one token equals each row alone (fp32, TF32 off), and the decode step makes as many
    device syncs with hfpatch as on stock (counted under ``set_sync_debug_mode("warn")``: the model's
    own syncs count on both sides).
+4. Packed rows on the GPU: a row packing three sequences (positions restarting), with no mask and with
+   an all-ones mask, SDPA (hfpatch's mask by sequence, one sequence at a time) and FlashAttention-2 where
+   ``flash_attn`` is installed (transformers' own varlen path from the positions): each sequence within
+   the tolerance of itself alone (fp32 for SDPA, bf16's for FlashAttention-2), or, where hfpatch says it
+   does not keep them (FlashAttention-2 with a mask), its warning given. Prints what it measured.
 """
 
 from __future__ import annotations
@@ -187,9 +193,43 @@ def seq2seq_step(arch: str) -> bool:
     return diff <= TOLERANCE and patched_syncs <= stock_syncs
 
 
+def packed(attention: str) -> bool:
+    """Check 4 for one attention: each packed sequence against itself alone (or the warning hfpatch gives
+    where it does not keep them)."""
+    dtype = torch.bfloat16 if attention.startswith("flash") else torch.float32
+    try:
+        model = tiny_model("llama", attention=attention).to("cuda", dtype)
+    except (ImportError, ValueError) as exc:
+        print(f"packed rows, {attention}: not run ({str(exc)[:120]})")
+        return True
+    sequences = ([5, 6, 7, 8, 9, 10], [11, 12, 13], [14, 15, 16, 17, 18])
+    ids = torch.tensor([sum(sequences, [])], device="cuda")
+    positions = torch.tensor([[i for seq in sequences for i in range(len(seq))]], device="cuda")
+    bound = TOLERANCE if dtype == torch.float32 else 3e-2
+    ok = True
+    for label, mask in (("no mask", None), ("an all-ones mask", torch.ones_like(ids))):
+        with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = model(input_ids=ids, position_ids=positions, attention_mask=mask).logits[0].float()
+            alone = torch.cat(
+                [model(input_ids=torch.tensor([s], device="cuda")).logits[0] for s in sequences]
+            )
+        diff = (got - alone.float()).abs().max().item()
+        said = any("not kept to its sequences" in str(w.message) for w in caught)
+        passed = (
+            diff <= bound * max(1.0, alone.abs().max().item()) if dtype != torch.float32 else diff <= bound
+        )
+        print(
+            f"packed rows, {attention}, {label}: max|diff| {diff:.2g}"
+            + (" (hfpatch: not kept, warned)" if said else "")
+        )
+        ok &= passed or said
+    return ok
+
+
 def main(argv: list[str]) -> int:
-    if argv not in ([], ["seq2seq"]):
-        print("usage: python benchmarks/cuda_checks.py [seq2seq]")
+    if argv not in ([], ["seq2seq"], ["packed"]):
+        print("usage: python benchmarks/cuda_checks.py [seq2seq | packed]")
         return 2
     if not torch.cuda.is_available():
         print("no CUDA device: these checks need a GPU")
@@ -201,6 +241,10 @@ def main(argv: list[str]) -> int:
     )
     hfpatch.apply()
     ok = True
+    if argv in ([], ["packed"]):
+        ok &= packed("sdpa") & packed("flash_attention_2")
+        if argv:
+            return 0 if ok else 1
     decoder_only = (
         () if argv else ("gemma", "llama", "gpt2", "mistral")
     )  # mistral: a window of 4 (by position)
