@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import warnings
 from typing import Any, Callable, NamedTuple, Optional, Union
 
 import torch
@@ -47,7 +48,7 @@ from .plans import NO_SLOTS, SLOTS, SLOTS_REMOVED, Plan
 from .positions import cache_positions, has_holes, new_token_positions
 from .windows import MASK_FUNCTIONS, MaskPlan, apply_masks, configured_window, packed_here
 
-__all__ = ["Seen", "make_forward", "recording_generated_masks", "watched"]
+__all__ = ["LeaveToStock", "Seen", "make_forward", "recording_generated_masks", "warn_once", "watched"]
 
 Past = Union[int, torch.Tensor]  # cached tokens before this call: an int, or a 0-d tensor (static caches)
 # what a filler derived positions from: (the 2-D mask, new tokens, where they start: an int (the mask's
@@ -87,36 +88,69 @@ def make_forward(adapter: Adapter, original: Callable, plan: Plan, pin: Pin) -> 
                 return original(self, *args, **kwargs)
         if args:
             _bind_positional(adapter, plan, args, kwargs)
-        cache = None
-        if cache_kw is not None:
-            if other in kwargs:  # passed by its other name (or by both)
-                cache = _take_cache(plan, kwargs)
-            elif cache_kw in kwargs:
-                cache = kwargs[cache_kw]
-        if ("cu_seq_lens_q" in kwargs or "seq_idx" in kwargs) and PACKED[0]:  # sequences given by length
-            positions_from_lengths(kwargs, _inputs(kwargs, plan.ids_rank))
-        if "cache_position" in kwargs:
-            derived = fill(self, plan, kwargs, cache)
-        elif passes_explicit and "position_ids" in kwargs and kwargs["position_ids"] is not None:
-            given_masks(self, adapter, plan, kwargs, cache)
-            return original(self, **kwargs)  # nothing to derive
-        elif eager_mask is not None and not is_compiling() and _continues_a_prefix(kwargs):
-            fill(self, plan, kwargs, cache)
-            return _with_eager_mask(original, self, kwargs)
-        else:
-            derived = plain(self, plan, kwargs, cache)
-        if family is not None:  # handed to the position module instead (hfpatch.decoders)
-            return call_with_positions(self, family, original, kwargs, derived[0] if derived else None)
-        if derived is None:
-            if kwargs.get("position_ids") is not None:
+        given = kwargs.copy()  # what stock gets where hfpatch cannot derive from the call (LeaveToStock)
+        try:
+            cache = None
+            if cache_kw is not None:
+                if other in kwargs:  # passed by its other name (or by both)
+                    cache = _take_cache(plan, kwargs)
+                elif cache_kw in kwargs:
+                    cache = kwargs[cache_kw]
+            if ("cu_seq_lens_q" in kwargs or "seq_idx" in kwargs) and PACKED[0]:  # sequences given by length
+                positions_from_lengths(kwargs, _inputs(kwargs, plan.ids_rank))
+            eager = False
+            if "cache_position" in kwargs:
+                derived = fill(self, plan, kwargs, cache)
+            elif passes_explicit and "position_ids" in kwargs and kwargs["position_ids"] is not None:
+                derived = None  # nothing to derive
+            elif eager_mask is not None and not is_compiling() and _continues_a_prefix(kwargs):
+                fill(self, plan, kwargs, cache)
+                derived, eager = None, True
+            else:
+                derived = plain(self, plan, kwargs, cache)
+            if family is not None:  # handed to the position module instead (hfpatch.decoders)
+                mask = derived[0] if derived else None
+            elif derived is not None:
+                if windowed:
+                    apply_masks(self, masks, cache_kw, kwargs, cache, *derived)
+            elif not eager and kwargs.get("position_ids") is not None:
                 given_masks(self, adapter, plan, kwargs, cache)
-        elif windowed:
-            apply_masks(self, masks, cache_kw, kwargs, cache, *derived)
+        except LeaveToStock as exc:
+            warn_once(arch, str(exc))
+            return original(self, **given)
+        if family is not None:
+            return call_with_positions(self, family, original, kwargs, mask)
+        if eager:
+            return _with_eager_mask(original, self, kwargs)
         return original(self, **kwargs)
 
     forward.__hfpatch_adapter__ = arch  # type: ignore[attr-defined]
     forward.__hfpatch_packed__ = packed_support(adapter, plan)  # type: ignore[attr-defined]
     return forward
+
+
+class LeaveToStock(ValueError):
+    """A call hfpatch cannot derive positions for (a mask that does not fit it, a ``cache_position``
+    that contradicts the cache): the patched forward runs it as stock transformers does, unchanged, and
+    says why once (:func:`warn_once`). Stock's own errors are stock's: a call stock runs never raises
+    because of hfpatch."""
+
+
+def warn_once(arch: str, why: str) -> None:
+    """A ``RuntimeWarning`` once per model type and kind of call left to stock."""
+    key = (arch, why.split()[0])  # the argument it names
+    if key in _LEFT:
+        return
+    _LEFT.add(key)
+    warnings.warn(
+        f"hfpatch: {arch}: {why}; this call runs as stock transformers runs it (positions by cache column), "
+        "and later ones like it without a word",
+        RuntimeWarning,
+        stacklevel=4,
+    )
+
+
+_LEFT: set[tuple[str, str]] = set()
 
 
 def packed_support(adapter: Adapter, plan: Plan) -> str:
@@ -263,7 +297,7 @@ def _take_cache(plan: Plan, kwargs: dict) -> Any:
     name the caller used where the release still takes it (so that its own warning reaches them)."""
     new, old = kwargs.pop(CACHE_NAMES[0], None), kwargs.pop(CACHE_NAMES[1], None)
     if new is not None and old is not None and new is not old:
-        raise ValueError(
+        raise LeaveToStock(
             "got two different caches, `cache=` and `past_key_values=`: pass one "
             f"(this release calls it `{plan.cache_kw}`)"
         )
@@ -343,7 +377,7 @@ def fill_slots(model: Any, plan: Plan, kwargs: dict, cache: Any) -> Derived:
         kwargs["position_ids"] = new_token_positions(mask, num_new, given)
         return mask, num_new, given.reshape(-1)
     if cache is not None and caches.one_buffer_for_all_layers(cache):
-        raise ValueError(
+        raise LeaveToStock(
             f"{plan.cache_kw}: transformers < 4.41 cannot run a StaticCache passed as the cache argument "
             "(all layers write one buffer; it fails or gives wrong logits even with cache_position). "
             "Attach it with model._setup_cache(StaticCache, batch_size, max_cache_len) and pass no cache, "
@@ -475,12 +509,12 @@ def _checked_length(mask: torch.Tensor, tokens: torch.Tensor) -> int:
     """The mask's length, after checking that it is 2-D and has the inputs' batch size."""
     shape = mask.shape
     if len(shape) != 2:
-        raise ValueError(
+        raise LeaveToStock(
             "attention_mask must be 2-D [batch, past + new tokens] (or a 4-D custom mask), "
             f"got shape {tuple(shape)}"
         )
     if shape[0] != tokens.shape[0]:
-        raise ValueError(f"attention_mask has batch size {shape[0]}, but the inputs have {tokens.shape[0]}")
+        raise LeaveToStock(f"attention_mask has batch size {shape[0]}, but the inputs have {tokens.shape[0]}")
     return shape[1]
 
 
@@ -493,7 +527,7 @@ def _past(cache: Any, num_new: int, mask_len: Optional[int], strict: bool) -> Pa
     past = caches.past_length(cache)
     if strict and mask_len != past + num_new:
         new = "1 is" if num_new == 1 else f"{num_new} are"
-        raise ValueError(
+        raise LeaveToStock(
             f"attention_mask has {mask_len} columns, but the cache holds {past} tokens and {new} new: "
             f"expected {past + num_new} (past + new tokens)"
         )
@@ -521,7 +555,7 @@ def _static_past(cache: Any, capacity: int, num_new: int, mask_len: Optional[int
             _check_counter(cache, capacity, past, num_new, mask_len)
             return past
         if strict:
-            raise ValueError(
+            raise LeaveToStock(
                 f"attention_mask has {mask_len} columns, but the static cache has {capacity} slots and "
                 f"{num_new} tokens are new: expected past + new tokens (at most {capacity}) or {capacity}"
             )
@@ -535,7 +569,7 @@ def _check_counter(cache: Any, capacity: int, past: int, num_new: int, mask_len:
     if counter is None or not _may_read(counter):
         return
     if int(counter) != past:
-        raise ValueError(
+        raise LeaveToStock(
             f"attention_mask has {mask_len} columns for {num_new} new tokens, so {past} cached ones, "
             f"but the static cache holds {int(counter)}: expected {int(counter) + num_new} columns "
             f"(past + new tokens) or {capacity} (the cache's full length)"
@@ -554,7 +588,7 @@ def _check_given_slots(cache_position: torch.Tensor, expected: torch.Tensor) -> 
     given = cache_position.reshape(-1)
     expected = expected.to(given.device)
     if given.shape != expected.shape or not torch.equal(given, expected):
-        raise ValueError(
+        raise LeaveToStock(
             f"cache_position {given.tolist()} contradicts the cache, which writes these tokens at "
             f"{expected.tolist()}; this transformers release has no cache_position parameter and "
             "places new tokens after the cached ones, so pass the slots it uses or leave it out"

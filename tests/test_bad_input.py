@@ -1,18 +1,31 @@
-"""Bad input gets a clear ValueError naming the argument and what was expected, not a wrong answer."""
+"""A model call stock runs never raises because of hfpatch: where a mask (or a ``cache_position``) does
+not fit the call, hfpatch cannot derive its positions, so the call runs as stock runs it (the same
+result, or stock's own error), and a ``RuntimeWarning`` names the argument, once per model type."""
 
 from __future__ import annotations
 
 import contextlib
+import warnings
 
 import pytest
 import torch
 
 import hfpatch
+from hfpatch import forward as forward_module
 
 from conftest import static_cache_skip_reason
 from harness import cache_kwarg, output_cache, random_rows, static_cache
 
 pytestmark = pytest.mark.invariant("I7")  # compat/REPORT.md's column
+
+
+@pytest.fixture(autouse=True)
+def fresh_warnings():
+    """hfpatch says once per process what it leaves to stock: said again in each test here."""
+    before = set(forward_module._LEFT)
+    forward_module._LEFT.clear()
+    yield
+    forward_module._LEFT.update(before)
 
 
 def _prefix(model):
@@ -22,49 +35,91 @@ def _prefix(model):
     return row, output_cache(out)
 
 
+def left_to_stock(model, make_kwargs, match: str, read=lambda out: out.logits) -> None:
+    """The call, patched, warns (naming the argument) and gets stock's result or stock's own error
+    (``read``: the tensor of its output compared)."""
+    outcomes = []
+    for patched in (True, False):
+        with contextlib.ExitStack() as stack, torch.no_grad():
+            if patched:
+                stack.enter_context(pytest.warns(RuntimeWarning, match=match))
+            else:
+                stack.enter_context(hfpatch.unpatched())
+            try:
+                outcomes.append(read(model(**make_kwargs())))
+            except Exception as exc:  # noqa: BLE001 - stock's own behaviour, whatever it is
+                outcomes.append(f"{type(exc).__name__}: {exc}")
+    patched, stock = outcomes
+    assert type(patched) is type(stock), outcomes
+    assert patched == stock if isinstance(stock, str) else torch.equal(patched, stock)
+
+
 @pytest.mark.parametrize("columns", [1, 3, 5, 9])
 def test_mask_length_must_be_past_plus_new(model, columns):
-    row, cache = _prefix(model)
-    with pytest.raises(ValueError, match=rf"attention_mask has {columns} columns.*expected 4"):
-        model(
-            input_ids=torch.tensor([row[3:]]),
-            attention_mask=torch.ones(1, columns),
-            **{cache_kwarg(model): cache},
-        )
+    row, _ = _prefix(model)
+
+    def kwargs():
+        return {"input_ids": torch.tensor([row[3:]]), "attention_mask": torch.ones(1, columns),
+                cache_kwarg(model): _prefix(model)[1]}  # fmt: skip
+
+    left_to_stock(model, kwargs, rf"attention_mask has {columns} columns.*expected 4")
 
 
 def test_mask_length_without_cache(model):
-    with pytest.raises(ValueError, match="attention_mask has 5 columns.*expected 3"):
-        model(input_ids=torch.tensor([[1, 2, 3]]), attention_mask=torch.ones(1, 5))
+    """A mask wider than the call, no cache (transformers' own Moonshine test hands its decoder the
+    encoder's mask so): stock runs it."""
+    left_to_stock(
+        model,
+        lambda: {"input_ids": torch.tensor([[1, 2, 3]]), "attention_mask": torch.ones(1, 5)},
+        "attention_mask has 5 columns.*expected 3",
+    )
 
 
 def test_mask_batch_must_match_inputs(model):
-    with pytest.raises(ValueError, match="attention_mask has batch size 2, but the inputs have 1"):
-        model(input_ids=torch.tensor([[1, 2, 3]]), attention_mask=torch.ones(2, 3))
+    left_to_stock(
+        model,
+        lambda: {"input_ids": torch.tensor([[1, 2, 3]]), "attention_mask": torch.ones(2, 3)},
+        "attention_mask has batch size 2, but the inputs have 1",
+    )
 
 
 @pytest.mark.parametrize("shape", [(1, 1, 3), (3,)])
 def test_mask_must_be_2d_or_4d(model, shape):
-    with pytest.raises(ValueError, match=r"attention_mask must be 2-D .* got shape"):
-        model(input_ids=torch.tensor([[1, 2, 3]]), attention_mask=torch.ones(*shape))
+    left_to_stock(
+        model,
+        lambda: {"input_ids": torch.tensor([[1, 2, 3]]), "attention_mask": torch.ones(*shape)},
+        r"attention_mask must be 2-D .* got shape",
+    )
 
 
 def test_static_cache_mask_must_fit(model, arch):
     reason = static_cache_skip_reason(model)
     if reason:
         pytest.skip(reason)
-    cache = static_cache(model, 1, 8)
-    with pytest.raises(ValueError, match="attention_mask has 12 columns.*static cache has 8 slots"):
-        model(
-            input_ids=torch.tensor([[1, 2, 3]]),
-            attention_mask=torch.ones(1, 12),
-            **{cache_kwarg(model): cache},
-        )
+    left_to_stock(
+        model,
+        lambda: {
+            "input_ids": torch.tensor([[1, 2, 3]]),
+            "attention_mask": torch.ones(1, 12),
+            cache_kwarg(model): static_cache(model, 1, 8),
+        },  # fmt: skip
+        "attention_mask has 12 columns.*static cache has 8 slots",
+    )
+
+
+def test_said_once_per_model_type_and_argument(model):
+    kwargs = {"input_ids": torch.tensor([[1, 2, 3]]), "attention_mask": torch.ones(1, 5)}
+    with pytest.warns(RuntimeWarning, match="attention_mask"), torch.no_grad():
+        model(**kwargs)
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("error")
+        model(**kwargs)
+        model(**{**kwargs, "attention_mask": torch.ones(1, 7)})
 
 
 def test_explicit_position_ids_skip_the_mask_checks(model):
     """With position_ids given, hfpatch derives nothing from the mask, so it does not judge it either: a
-    mask of the wrong length (a ValueError without position_ids, above) gets what stock does with it."""
+    mask of the wrong length gets what stock does with it, without a word."""
     (row,) = random_rows([3], seed=6)
     kwargs = {
         "input_ids": torch.tensor([row]),
@@ -73,7 +128,8 @@ def test_explicit_position_ids_skip_the_mask_checks(model):
     }
     outcomes = []
     for context in (contextlib.nullcontext(), hfpatch.unpatched()):
-        with context, torch.no_grad():
+        with context, torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
             try:
                 outcomes.append(model(**kwargs).logits)
             except Exception as exc:  # noqa: BLE001 - stock's own behaviour, whatever it is

@@ -192,19 +192,25 @@ def test_removed_release_consistent_cache_position_is_honoured(model, arch):
 
 
 @pytest.mark.parametrize("with_mask", [False, True])
-def test_removed_release_contradicting_cache_position_raises(model, arch, with_mask):
+def test_removed_release_contradicting_cache_position_is_left_to_stock(model, arch, with_mask):
+    """A cache_position that contradicts the cache, on a release that removed the parameter: hfpatch
+    cannot place the new tokens by it, says so, and the call runs as stock runs it (which ignores it)."""
+    from test_bad_input import left_to_stock
+
+    from hfpatch import forward as forward_module
+
     _needs_removed(model, arch)
     (row,) = random_rows([4], seed=3)
-    with torch.no_grad():
-        out = model(input_ids=torch.tensor([row[:3]]), use_cache=True)
-        kwargs = {"attention_mask": torch.ones(1, 4, dtype=torch.long)} if with_mask else {}
-        with pytest.raises(ValueError, match="cache_position"):
-            model(
-                input_ids=torch.tensor([row[3:]]),
-                cache_position=torch.tensor([40]),
-                **{cache_kwarg(model): output_cache(out)},
-                **kwargs,
-            )
+    forward_module._LEFT.clear()
+
+    def kwargs():
+        with torch.no_grad():
+            out = model(input_ids=torch.tensor([row[:3]]), use_cache=True)
+        mask = {"attention_mask": torch.ones(1, 4, dtype=torch.long)} if with_mask else {}
+        return {"input_ids": torch.tensor([row[3:]]), "cache_position": torch.tensor([40]),
+                cache_kwarg(model): output_cache(out), **mask}  # fmt: skip
+
+    left_to_stock(model, kwargs, "cache_position")
 
 
 def test_cache_under_either_name(model):
@@ -224,10 +230,20 @@ def test_cache_under_either_name(model):
         assert (logits - reference[3:]).abs().max().item() <= TOLERANCE, names
 
 
-def test_two_different_caches_is_an_error(model):
+def test_two_different_caches_are_left_to_stock(model):
+    """`cache=` and `past_key_values=` naming two different caches: hfpatch cannot tell which the caller
+    means, says so, and the call gets what stock does with both (its choice, or its error)."""
+    from test_bad_input import left_to_stock
+
+    from hfpatch import forward as forward_module
+
     rows = random_rows([3], seed=8)
-    with torch.no_grad():
-        first = output_cache(model(input_ids=torch.tensor(rows), use_cache=True))
-        second = output_cache(model(input_ids=torch.tensor(rows), use_cache=True))
-        with pytest.raises(ValueError, match="cache"):
-            model.base_model(input_ids=torch.tensor(rows), cache=first, past_key_values=second)
+    forward_module._LEFT.clear()
+
+    def kwargs():
+        with torch.no_grad():
+            first = output_cache(model(input_ids=torch.tensor(rows), use_cache=True))
+            second = output_cache(model(input_ids=torch.tensor(rows), use_cache=True))
+        return {"input_ids": torch.tensor(rows), "cache": first, "past_key_values": second}
+
+    left_to_stock(model.base_model, kwargs, "two different caches", lambda out: out.last_hidden_state)

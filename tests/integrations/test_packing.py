@@ -14,6 +14,8 @@ from hfpatch.verification.tiny import tiny_model
 from conftest import stock
 from harness import VOCAB
 
+pytest.importorskip("accelerate")  # what transformers' Trainer needs
+
 SEQUENCES = ([5, 6, 7, 8, 9, 10], [11, 12, 13], [14, 15, 16, 17, 18])
 NO_DROPOUT = {"attention_dropout": 0.0}
 
