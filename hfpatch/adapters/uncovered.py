@@ -6,6 +6,7 @@ from ..declarations import NOT_COVERED, NOT_FIXABLE, RIGHT_ON_STOCK, Undeclared
 
 RECURRENT = "a recurrent or convolution state absorbs pads: a hole in a cached prefix still advances it"
 HYBRID = f"attention layers are fixed by positions, but {RECURRENT}"
+ENCODER_AS_DECODER = "an encoder whose causal-LM head runs it as a decoder (is_decoder=True): not measured (BERT's is patched: bert)"
 CACHE_COLUMNS = (
     "position_ids have no effect: a relative bias counts cache columns, and short convolutions see pads"
 )
@@ -54,5 +55,14 @@ UNDECLARED = (
     Undeclared("gemma4_unified_assistant", NOT_COVERED, "a drafter that needs the target model's states: not a standalone LM"),
     Undeclared("musicgen", NOT_COVERED, "an audio-codebook decoder: its inputs are EnCodec codes, not text"),
     Undeclared("musicgen_melody", NOT_COVERED, "an audio-codebook decoder: its inputs are EnCodec codes, not text"),
+    # the causal-LM mapping's encoders whose LM head runs as a decoder (is_decoder=True), and two others
+    *(Undeclared(arch, NOT_COVERED, ENCODER_AS_DECODER) for arch in (
+        "bert-generation", "big_bird", "camembert", "data2vec-text", "electra", "ernie", "megatron-bert",
+        "rembert", "roberta", "roberta-prelayernorm", "roc_bert", "roformer", "xlm-roberta", "xlm-roberta-xl",
+        "xmod",
+    )),
+    Undeclared("trocr", NOT_COVERED, "TrOCR's text decoder (of a vision encoder-decoder model): not measured"),
+    Undeclared("xlm", NOT_COVERED, "XLM's causal mode (a masked LM's, with language embeddings): not measured"),
+    Undeclared("xlnet", NOT_COVERED, "XLNet: a permutation LM whose positions are relative to its memory (mems): not measured"),
 )
 # fmt: on
