@@ -47,10 +47,14 @@ def cache_name(model: Any) -> Optional[str]:
 
 
 def output_cache(output: Any) -> Any:
-    """The cache a call returned: ``.cache`` (5.24+) or ``.past_key_values``, read as keys (5.24's
-    ``past_key_values`` property logs a deprecation); None where it returned none."""
-    keys = output.keys()
-    return next((output[key] for key in CACHE_NAMES if key in keys), None)
+    """The cache a call returned: ``.cache`` (5.24+) or ``.past_key_values``, read as keys of a
+    transformers output (5.24's ``past_key_values`` property logs a deprecation), as attributes of any
+    other object (a user's own forward's); None where it returned none."""
+    keys = getattr(output, "keys", None)
+    if callable(keys):
+        found = keys()
+        return next((output[key] for key in CACHE_NAMES if key in found), None)
+    return next((value for key in CACHE_NAMES if (value := getattr(output, key, None)) is not None), None)
 
 
 def new_static_cache(

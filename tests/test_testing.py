@@ -15,7 +15,7 @@ from hypothesis import given, settings
 
 import hfpatch
 from hfpatch.caches import past_length
-from hfpatch.testing import FAMILIES, assert_padding_invariant, tolerance_for
+from hfpatch.testing import FAMILIES, NOISE_CAP, CannotCheck, assert_padding_invariant, tolerance_for
 from hfpatch.testing.strategies import packed_scenarios, scenarios
 from hfpatch.verification.tiny import VOCAB, tiny_model
 
@@ -113,6 +113,64 @@ def test_half_precision_has_a_tolerance_of_its_own():
         assert_padding_invariant(model, families=["cached"])
 
 
+def test_a_plain_object_output_works(flagship):
+    """A callable that returns its own object with ``.logits`` and ``.past_key_values`` (as docs/testing.md
+    describes it), not a transformers output."""
+    import types
+
+    def forward(**kwargs):
+        out = flagship(**kwargs)
+        return types.SimpleNamespace(logits=out.logits, past_key_values=out.past_key_values)
+
+    assert assert_padding_invariant(forward, vocab_size=VOCAB, families=["padding", "cached"]).ok
+
+
+def test_could_not_check_is_not_an_assertion_error():
+    """A forward that cannot run at all: CannotCheck, which pytest.raises(AssertionError) does not take
+    for a failed check."""
+
+    def broken(**kwargs):
+        raise RuntimeError("no such kernel")
+
+    with pytest.raises(CannotCheck, match="no scenario could run.*no such kernel"):
+        assert_padding_invariant(broken, vocab_size=VOCAB)
+    assert not issubclass(CannotCheck, AssertionError)
+
+
+def test_a_scenario_that_raises_leaves_the_others_to_decide():
+    """Cached calls that raise (a forward without a cache, say): reported with their error; the uncached
+    scenarios still decide (stock GPT-2 is wrong with left padding)."""
+    if arch_skip_reason(ABSOLUTE):
+        pytest.skip(arch_skip_reason(ABSOLUTE))
+    model = tiny_model(ABSOLUTE)
+
+    def uncached(**kwargs):
+        if kwargs.get("past_key_values") is not None:
+            raise NotImplementedError("no cache here")
+        return model(**kwargs)
+
+    with hfpatch.unpatched(), pytest.raises(AssertionError) as caught:
+        assert_padding_invariant(uncached, vocab_size=VOCAB, families=["padding", "cached"])
+    table = str(caught.value)
+    assert "left padding, one call" in table and "raised NotImplementedError: no cache here" in table, table
+    assert assert_padding_invariant(uncached, vocab_size=VOCAB, families=["padding", "cached"]).ok
+
+
+def test_the_tolerance_follows_the_models_own_noise():
+    """Large logits (an LM head scaled up) make fp32's own noise exceed 1e-5 at every length, right
+    padding alone included: the tolerance follows each scenario's control (its rows right-padded in one
+    call) up to NOISE_CAP, so the patched model passes and stock is still caught."""
+    if arch_skip_reason(ROTARY):
+        pytest.skip(arch_skip_reason(ROTARY))
+    model = tiny_model(ROTARY)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(30)
+    report = assert_padding_invariant(model, families=["padding", "cached"])
+    assert tolerance_for(torch.float32) < report.tolerance <= NOISE_CAP, report.tolerance
+    with hfpatch.unpatched(), pytest.raises(AssertionError, match="right-padded prefix"):
+        assert_padding_invariant(model, families=["cached"])
+
+
 def test_bad_arguments_say_which():
     with pytest.raises(TypeError, match="vocab_size: required"):
         assert_padding_invariant(lambda **kwargs: None)
@@ -120,6 +178,8 @@ def test_bad_arguments_say_which():
         assert_padding_invariant(3)
     with pytest.raises(ValueError, match="families: unknown"):
         assert_padding_invariant(lambda **kwargs: None, vocab_size=10, families=["holes"])
+    with pytest.raises(ValueError, match="tolerance: expected a number >= 0"):
+        assert_padding_invariant(lambda **kwargs: None, vocab_size=10, tolerance=-1)
 
 
 @settings(max_examples=8, deadline=None)
