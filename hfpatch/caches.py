@@ -29,6 +29,7 @@ __all__ = [
     "count_written",
     "counted_fill_level",
     "exact_fill_level",
+    "first_layer_keys",
     "keep_whole_window",
     "one_buffer_for_all_layers",
     "own",
@@ -109,7 +110,7 @@ def counted_fill_level(cache: Any) -> Union[int, torch.Tensor]:
     counter = getattr(cache, COUNTER, None)
     if counter is not None:
         return counter
-    keys = _first_layer_keys(cache)
+    keys = first_layer_keys(cache)
     return 0 if keys is None else static_fill_level(keys)
 
 
@@ -217,7 +218,12 @@ def one_buffer_for_all_layers(cache: Any) -> bool:
     return _layers(cache) is None and isinstance(getattr(cache, "key_cache", None), torch.Tensor)
 
 
-def _first_layer_keys(cache: Any) -> Optional[torch.Tensor]:
+def first_layer_keys(cache: Any) -> Optional[torch.Tensor]:
+    """The first layer's key tensor ``[batch, heads, slots, dim]`` of any cache (a legacy tuple's too), or
+    None."""
+    if isinstance(cache, (tuple, list)):
+        keys = cache[0][0] if len(cache) and cache[0] is not None else None
+        return keys if isinstance(keys, torch.Tensor) and keys.dim() == 4 else None
     layers = _layers(cache)
     if layers is not None:
         return _first_layer_attr(layers, "keys")

@@ -9,24 +9,25 @@ import inspect
 import os
 import re
 import sys
+import threading
 import weakref
 from typing import Any, Optional
 
 import torch
 
-from .caches import capacity, past_length
+from ._compat import output_cache
+from .caches import capacity, first_layer_keys, past_length
 from .declarations import PADDED_TABLE, SINUSOID, TABLE
 from .packed import packed_rows
-from .positions import packed_stock_error, stock_error
+from .positions import new_token_positions, packed_stock_error, stock_error
 from .rope import DYNAMIC, scaled_rope
 from .support import in_range, installed_transformers
 from .windows import CHUNKED, _layer_types, _text_config, _window_of, positional
 
-__all__ = ["GIVEN", "Watcher", "call_site"]
+__all__ = ["OWN_POSITIONS", "Watcher", "call_site"]
 
 ABSOLUTE_HANDS_TO = (TABLE, SINUSOID, PADDED_TABLE)  # decoders whose position module is a table or sinusoid
 INTERNAL = ("transformers", "torch", "hfpatch")  # frames skipped to find a call site
-GIVEN = "positions given"
 
 
 class Watcher:
@@ -35,21 +36,74 @@ class Watcher:
     def __init__(self, report: Any) -> None:  # an hfpatch.auditing.AuditReport
         self.report = report
         self.facts: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> _Facts
+        # id(cache) -> (the cache, how each column it holds was numbered: [1, columns] bool, True: by
+        # column (a call without positions), False: by the mask; None: unknown (the caller's own))
+        self.numbered: dict[int, tuple[weakref.ref, Optional[torch.Tensor]]] = {}
+        self.lock = threading.Lock()
 
     def __call__(self, seen: Any, call: Any) -> Any:
+        numbering = None
         try:
-            self.observe(seen)
+            numbering = self.observe(seen)
         except Exception as exc:  # noqa: BLE001 - an audit must never break the run
             self._count(seen, seen.adapter.arch, None, f"the audit failed: {type(exc).__name__}")
-        return call()
+        result = call()
+        with contextlib.suppress(Exception):  # noqa: BLE001
+            self.follow(result, numbering)
+        return result
 
-    def observe(self, seen: Any) -> None:
+    def observe(self, seen: Any) -> Any:
+        """Judge the call; return how the columns of the cache it returns are numbered (or None)."""
         facts = self._facts(seen)
-        verdict = _judge(seen, facts)
+        before = self.numbering_of(seen.cache)
+        verdict = _judge(seen, facts, before)
         if isinstance(verdict, str):
             self._count(seen, facts.arch, None, verdict)
         else:
             self._count(seen, facts.arch, verdict, None)
+        if before is UNKNOWN:
+            return UNKNOWN
+        tokens = seen.kwargs.get("input_ids")
+        tokens = tokens if tokens is not None else seen.kwargs.get("inputs_embeds")
+        given = seen.kwargs.get("position_ids") is not None
+        if tokens is None or tokens.dim() < 2 or (given and verdict == OWN_POSITIONS):
+            return UNKNOWN
+        new = torch.full((1, tokens.shape[1]), not given, dtype=torch.bool, device=tokens.device)
+        return new if before is None else torch.cat([before.to(new.device), new], 1)
+
+    def numbering_of(self, cache: Any) -> Any:
+        """How the columns ``cache`` holds were numbered: None for no cache (or an empty one); UNKNOWN for
+        one this audit did not see filled and cannot match to one it did (a copy is matched by its keys)."""
+        if cache is None or past_length(cache) == 0:
+            return None
+        with self.lock:
+            found = self.numbered.get(id(cache))
+        if found is not None and found[0]() is cache:
+            numbering = found[1]
+            return (
+                numbering if numbering is not None and numbering.shape[1] == past_length(cache) else UNKNOWN
+            )
+        stamp = _fingerprint(cache)  # a copy (copy.deepcopy of a prompt cache): the same keys
+        with self.lock:
+            known = [(ref(), numbering) for ref, numbering in self.numbered.values()]
+        for other, numbering in known:
+            if other is not None and other is not cache and numbering is not None:
+                if numbering.shape[1] == past_length(cache) and _fingerprint(other) == stamp:
+                    return numbering
+        return UNKNOWN
+
+    def follow(self, result: Any, numbering: Any) -> None:
+        """Remember how the columns of the cache ``result`` returns are numbered."""
+        if numbering is None or isinstance(result, (tuple, list)):
+            return
+        cache = output_cache(result)
+        if cache is None or isinstance(cache, (tuple, list)):
+            return
+        with self.lock:
+            self.numbered[id(cache)] = (weakref.ref(cache), None if numbering is UNKNOWN else numbering)
+            if len(self.numbered) > 64:  # the caches of finished chains
+                for key in [key for key, (ref, _) in self.numbered.items() if ref() is None]:
+                    del self.numbered[key]
 
     def _facts(self, seen: Any) -> _Facts:
         model = seen.model
@@ -68,7 +122,7 @@ class Watcher:
             entry["patched"] += seen.patched
             at = entry["sites"].setdefault(site, [0, 0])
             at[0] += 1
-            if unjudged == GIVEN:
+            if unjudged == OWN_POSITIONS:
                 entry["positions_given"] += 1
             elif unjudged is not None:
                 entry["not_judged"][unjudged] = entry["not_judged"].get(unjudged, 0) + 1
@@ -146,21 +200,34 @@ _HANDS_POSITIONS = re.compile(
 )
 
 
-def _judge(seen: Any, facts: _Facts) -> Any:
-    """``[rows, tokens, worst shift]`` stock gets wrong in this call, or why it is not judged."""
+def _judge(seen: Any, facts: _Facts, numbering: Any = None) -> Any:
+    """``[rows, tokens, worst shift]`` stock gets wrong in this call (and 1 where it packs rows), or why
+    it is not judged. A call with the caller's positions is judged where they are the ones the mask
+    gives (``generate()``'s). ``numbering``: how the columns of the cache it continues were numbered
+    (:meth:`Watcher.numbering_of`)."""
     kwargs = seen.kwargs
-    if kwargs.get("position_ids") is not None:
-        return _judge_packed(seen, facts)
+    given = kwargs.get("position_ids")
+    tokens = kwargs.get("input_ids")
+    tokens = tokens if tokens is not None else kwargs.get("inputs_embeds")
+    tokens = tokens if tokens is not None and tokens.dim() >= 2 else None
+    if given is not None:
+        packed = _judge_packed(seen, facts, tokens)
+        if packed is not None:
+            return packed
     mask = kwargs.get("attention_mask")
-    if mask is None:
-        return [0, 0, 0]  # stock's positions are the reference's
+    if mask is None:  # no padding: stock's positions are the reference's, or the caller's own
+        if given is None or tokens is None:
+            return [0, 0, 0]
+        past = past_length(seen.cache) if capacity(seen.cache) is None else None
+        if past is None or given.dim() != 2 or given.shape[-1] != tokens.shape[1]:
+            return OWN_POSITIONS
+        expected = torch.arange(tokens.shape[1], device=given.device) + past
+        return [0, 0, 0] if bool((given == expected).all()) else OWN_POSITIONS
     if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
         return "a 4-D or non-tensor mask"
     if facts.unjudged is not None:
         return facts.unjudged
-    tokens = kwargs.get("input_ids")
-    tokens = tokens if tokens is not None else kwargs.get("inputs_embeds")
-    if tokens is None or tokens.dim() < 2:
+    if tokens is None:
         return "no input_ids or inputs_embeds"
     cache = seen.cache
     if capacity(cache) is not None:
@@ -168,12 +235,20 @@ def _judge(seen: Any, facts: _Facts) -> Any:
     num_new, length = tokens.shape[1], mask.shape[1]
     if past_length(cache) + num_new != length:
         return "a mask that is not past + new tokens long"
+    if given is not None and not _the_masks_positions(given, mask, num_new):
+        return OWN_POSITIONS
     if facts.own_mask and 1 < num_new < length and bool((mask == 0).any()):
         return "this release's SDPA mask of a padded cached prefix continued by several tokens"
     if facts.own_windows and length > min(w for w in facts.windows if w):
         return "a sliding window by this release's own rule"
-    error = stock_error(mask, num_new, facts.relative, facts.windows)
-    if facts.scaled is not None:  # a row scaled otherwise than alone: wrong at every token (shift >= 1)
+    if numbering is UNKNOWN:
+        return "a cache this audit did not see filled"
+    new = torch.full((1, num_new), given is None, dtype=torch.bool, device=mask.device)
+    by_column = None if numbering is None and given is None else (
+        new if numbering is None else torch.cat([numbering.to(mask.device), new], 1)
+    )  # fmt: skip
+    error = stock_error(mask, num_new, facts.relative, facts.windows, by_column)
+    if facts.scaled is not None and given is None:  # a row scaled otherwise than alone: wrong at every token
         kind, original = facts.scaled
         own = (mask != 0).sum(-1)
         if kind == DYNAMIC:
@@ -191,15 +266,26 @@ def _judge(seen: Any, facts: _Facts) -> Any:
     return [len(per_row) - per_row.count(0), tokens, worst] if tokens else [0, 0, 0]
 
 
-def _judge_packed(seen: Any, facts: _Facts) -> Any:
-    """A call with the caller's positions: where they restart inside a row (a packed batch), the tokens
-    stock lets see the sequences before them; any other is the caller's (not judged)."""
+OWN_POSITIONS = "the caller's own positions (not the mask's)"
+UNKNOWN = object()  # how a cache's columns were numbered, where the audit cannot tell
+
+
+def _the_masks_positions(given: torch.Tensor, mask: torch.Tensor, num_new: int) -> bool:
+    """Whether the caller's positions are those of the mask at every real new token (``generate()``'s)."""
+    if given.dim() != 2 or given.shape[-1] != num_new:
+        return False
+    real = mask[:, mask.shape[1] - num_new :] != 0
+    derived = new_token_positions(mask, num_new)
+    return bool(((given.to(derived.device) - derived) * real).eq(0).all())
+
+
+def _judge_packed(seen: Any, facts: _Facts, tokens: Any) -> Any:
+    """A call whose caller's positions restart inside a row (a packed batch): the tokens stock lets see
+    the sequences before them, and 1 (a packed call); None for any other call."""
     kwargs = seen.kwargs
-    tokens = kwargs.get("input_ids")
-    tokens = tokens if tokens is not None else kwargs.get("inputs_embeds")
-    found = packed_rows(kwargs, tokens if tokens is not None and tokens.dim() >= 2 else None)
+    found = packed_rows(kwargs, tokens)
     if found is None:
-        return GIVEN
+        return None
     mask, _, segment_ids = found
     uses_cache = kwargs.get("use_cache")
     if uses_cache is None:
@@ -210,14 +296,22 @@ def _judge_packed(seen: Any, facts: _Facts) -> Any:
     if facts.detects_packing and given is None and seen.cache is None and not uses_cache:
         return [0, 0, 0, 1]  # transformers' own packed path
     if facts.own_windows or facts.scaled is not None or facts.unjudged is not None:
-        return "a packed row with " + (
-            facts.unjudged
-            or ("rope scaled by length" if facts.scaled else "a window by this release's own rule")
+        why = facts.unjudged or (
+            "rope scaled by length" if facts.scaled else "a window by this release's own rule"
         )
+        return f"a packed row with {why}"
     wrong = packed_stock_error(segment_ids, given, facts.windows).expand(mask.shape)
     per_row = wrong.sum(-1).tolist()
-    tokens = sum(per_row)
-    return [len(per_row) - per_row.count(0), tokens, 0, 1] if tokens else [0, 0, 0, 1]
+    count = sum(per_row)
+    return [len(per_row) - per_row.count(0), count, 0, 1] if count else [0, 0, 0, 1]
+
+
+def _fingerprint(cache: Any) -> Any:
+    """A cache's length and its first layer's newest keys, summed: a deep copy has the same."""
+    keys = first_layer_keys(cache)
+    if keys is None:
+        return None
+    return past_length(cache), float(keys[..., -1, :].double().sum())  # (a sliding layer keeps fewer)
 
 
 def call_site() -> tuple[str, Any]:

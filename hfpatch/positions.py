@@ -310,11 +310,13 @@ def stock_error(
     num_new: int,
     relative: bool,
     windows: Sequence[Optional[int]] = (),
+    by_column: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Which real tokens of a call get other outputs on stock transformers than from positions by the
     mask, and how far their stock positions are off. Stock numbers the tokens by column
     (``arange(past, past + new)``), as it did in every earlier call of the cache; the reference numbers
-    them as the row run alone, unpadded.
+    them as the row run alone, unpadded; ``by_column`` says otherwise where a call passed the positions
+    the mask gives (as ``generate()`` does).
 
     Args:
         attention_mask: ``[batch, past + new]``; the call's tokens are its last ``num_new`` columns.
@@ -324,6 +326,10 @@ def stock_error(
         windows: each layer's sliding window, in order (None: full attention). Stock's windows count
             columns, the reference's real tokens; a token is wrong where the keys it sees differ, their
             distances differ, or one of them is wrong (errors travel from layer to layer).
+        by_column: ``[batch or 1, past + new]`` bool: whether each column's token was numbered by column
+            (stock's own: a call without positions) or by the mask (False: a call that passed the mask's
+            positions). Default: every column by column. With windows, every real column must be
+            numbered alike (``ValueError`` otherwise).
 
     Returns:
         ``[batch, num_new]`` int64: 0 where stock is right (and at pads), else the pads before the token
@@ -339,6 +345,8 @@ def stock_error(
     real = attention_mask != 0
     length = real.shape[-1]
     start = length - num_new
+    if by_column is not None:  # columns numbered by column and by the mask
+        return _numbered_error(real, by_column.expand_as(real), relative, windows)[:, start:]
     if all(window is None or window >= length for window in windows):  # every key in every window
         if num_new == 1:  # a decode step: the pads of the whole row
             pads = length - real.sum(-1, keepdim=True)
@@ -374,6 +382,57 @@ def stock_error(
         if unchanged >= len(set(kinds)):
             break
     return pads_before[:, start:] * state[:, start:]  # a wrong token has a pad before it
+
+
+def _numbered_error(
+    real: torch.Tensor, by_column: torch.Tensor, relative: bool, windows: Sequence[Optional[int]]
+) -> torch.Tensor:
+    """:func:`stock_error` where some columns were numbered by the mask (``by_column`` False): each
+    column's stock position is off by its pads before it where numbered by column, else not at all. A
+    token is wrong where the keys it sees differ (windows by column), its own position is off (absolute),
+    a key it sees is off otherwise than it (relative: their distance), or a key it sees is wrong.
+    ``[batch, length]`` int64: 0 where right, else how far off."""
+    length = real.shape[-1]
+    columns = torch.arange(length, device=real.device)
+    counts = real.cumsum(-1)
+    pads_before = columns + 1 - counts
+    off = pads_before * by_column  # each column's stock position error
+    by_col, by_mask = real & by_column, real & ~by_column
+    col_counts, mask_counts = by_col.long().cumsum(-1), by_mask.long().cumsum(-1)
+
+    def before(values: torch.Tensor, at: torch.Tensor) -> torch.Tensor:  # values[at - 1], 0 at column 0
+        return torch.where(at > 0, values.gather(-1, (at - 1).clamp(min=0)), 0)
+
+    state = (off > 0) & real if not relative else torch.zeros_like(real)
+    kinds = list(windows) or [None]
+    unchanged = 0
+    for window in kinds:
+        size = length if window is None else min(window, length)
+        seen_ref = counts.clamp(max=size)
+        lowest = (columns - size + 1).clamp_(min=0).expand_as(counts)
+        seen_stock = counts - before(counts, lowest)
+        first = torch.searchsorted(counts, (counts - seen_ref + 1).contiguous()).clamp_(max=length - 1)
+        differs = seen_stock != seen_ref
+        if relative:  # a key of the window numbered otherwise than t, or off by other pads
+            masked_keys = mask_counts - before(mask_counts, first)
+            column_keys = col_counts - before(col_counts, first)
+            earliest = torch.searchsorted(col_counts, (before(col_counts, first) + 1).contiguous())
+            latest = torch.searchsorted(col_counts, col_counts.contiguous())
+            earliest_off = off.gather(-1, earliest.clamp_(max=length - 1))
+            latest_off = off.gather(-1, latest.clamp_(max=length - 1))
+            differs |= by_column & (
+                ((masked_keys > 0) & (off > 0)) | ((column_keys > 0) & (earliest_off != off))
+            )
+            differs |= ~by_column & (column_keys > 0) & (latest_off > 0)
+        wrong_so_far = state.long().cumsum(-1)
+        keys_wrong = (wrong_so_far - before(wrong_so_far, first)) > 0
+        after = (differs | keys_wrong) & real
+        unchanged = unchanged + 1 if torch.equal(after, state) else 0
+        state = after
+        if unchanged >= len(set(kinds)):
+            break
+    spread = off.max(-1, keepdim=True).values  # how far apart the keys' positions can be
+    return torch.maximum(off, spread).clamp(min=1) * state
 
 
 def packed_stock_error(

@@ -32,7 +32,7 @@ import torch
 from . import engine
 from ._compat import CACHE_NAMES, output_cache
 from ._context import SHADOW_COUNTS, unwatch, watch
-from .caches import _first_layer_keys, capacity, past_length
+from .caches import capacity, first_layer_keys, past_length
 from .judge import call_site
 from .packed import packed_rows
 from .rope import scaled_rope
@@ -130,12 +130,12 @@ class _Followed:
 
 
 def _stamp(cache: Any) -> Any:
-    keys = _first_layer_keys(cache)
+    keys = first_layer_keys(cache)
     return None if keys is None else (weakref.ref(keys), keys._version)
 
 
 def _same(stamp: Any, cache: Any) -> bool:
-    keys = _first_layer_keys(cache)
+    keys = first_layer_keys(cache)
     if stamp is None or keys is None:
         return stamp is None and keys is None
     return stamp[0]() is keys and stamp[1] == keys._version

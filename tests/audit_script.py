@@ -49,6 +49,49 @@ PACKED = [
 ]
 
 
+# (model type, the prompt's mask columns per row, new tokens per row): the prompt run once into a cache,
+# then generate() continues a deep copy of it (transformers' prompt-reuse recipe) with the new tokens;
+# generate() passes the mask's positions at every step
+GENERATE = [
+    ("mistral", [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], 2),  # a right-padded prompt: holes inside the window
+    ("llama", [[0, 0, 1, 1], [1, 1, 1, 1]], 2),  # a left-padded prompt numbered by column, then by the mask
+    ("gpt2", [[1, 1, 1, 1], [1, 1, 1, 1]], 2),  # no padding: right
+]
+STEPS = 3  # generate()'s new tokens: its calls
+
+
+def generate_calls(model: torch.nn.Module, prompt_mask: list, new: int, generator: torch.Generator) -> list:
+    """The calls generate() makes to ``model`` after a prompt cache, recorded as the other records are."""
+    import copy
+
+    mask = torch.tensor(prompt_mask)
+    ids = torch.randint(3, 60, mask.shape, generator=generator)
+    records, state = [], {"ids": ids, "mask": mask}
+
+    def record(module: torch.nn.Module, args: tuple, kwargs: dict, out: object) -> None:
+        step_ids = kwargs["input_ids"]
+        state["ids"] = torch.cat([state["ids"], step_ids], 1)
+        step_mask = kwargs.get("attention_mask")  # generate() passes none where every column is real
+        step_mask = step_mask if step_mask is not None else torch.ones(state["ids"].shape, dtype=torch.long)
+        records.append({"ids": state["ids"].clone(), "mask": step_mask.clone(), "new": step_ids.shape[1],
+                        "logits": out.logits.clone()})  # fmt: skip
+
+    with torch.no_grad():
+        prompt = model(input_ids=ids, attention_mask=mask, use_cache=True)
+        suffix = torch.randint(3, 60, (mask.shape[0], new), generator=generator)
+        handle = model.register_forward_hook(record, with_kwargs=True)
+        try:
+            model.generate(
+                input_ids=torch.cat([ids, suffix], 1),
+                attention_mask=torch.cat([mask, torch.ones_like(suffix)], 1),
+                past_key_values=copy.deepcopy(prompt.past_key_values),
+                max_new_tokens=STEPS, min_new_tokens=STEPS, do_sample=False, logits_to_keep=0, pad_token_id=0,
+            )  # fmt: skip
+        finally:
+            handle.remove()
+    return [{"ids": ids, "mask": mask, "new": ids.shape[1], "logits": prompt.logits.clone()}, *records]
+
+
 def packed_call(lengths: list[list[int]], generator: torch.Generator) -> tuple[torch.Tensor, ...]:
     """(ids, positions, mask) of rows packing sequences of ``lengths``."""
     width = max(sum(row) for row in lengths)
@@ -86,6 +129,8 @@ def run(path: str) -> None:
             )
             records.append({"arch": arch, "ids": ids, "mask": mask, "new": ids.shape[1],
                             "positions": positions, "logits": out.logits.clone()})  # fmt: skip
+        for arch, prompt_mask, new in GENERATE:
+            records += [{"arch": arch, **r} for r in generate_calls(built[arch], prompt_mask, new, generator)]
     torch.save(records, path)
 
 

@@ -16,7 +16,7 @@ import torch
 from packaging.version import Version
 
 import hfpatch
-from hfpatch.positions import stock_error
+from hfpatch.positions import positions_from_mask, stock_error
 from hfpatch.support import NEWEST_TESTED
 from hfpatch.windows import positional
 
@@ -104,6 +104,7 @@ def test_audit_leaves_results_stock_and_counts_what_each_row_alone_says(tmp_path
     assert done.returncode == 0, done.stderr
     stock, audited = torch.load(tmp_path / "stock.pt"), torch.load(tmp_path / "audited.pt")
     calls = sum(len(calls) for _, calls in audit_script.CHAINS) + len(audit_script.PACKED)
+    calls += len(audit_script.GENERATE) * (1 + audit_script.STEPS)  # the prompt, then generate()'s calls
     assert len(stock) == len(audited) == calls
     for before, after in zip(stock, audited):
         assert torch.equal(before["logits"], after["logits"])  # the same bits
@@ -122,12 +123,10 @@ def test_audit_leaves_results_stock_and_counts_what_each_row_alone_says(tmp_path
     assert {arch: counted[arch]["packed"] for arch in expected} == packed
     if "llama" in expected:  # left padding in one call: right on stock
         assert expected["llama"]["affected"] < expected["llama"]["calls"]
-    lines = [
-        n for n, text in enumerate(script_lines(), 1) if "out = model(" in text or "out = built[" in text
-    ]
-    assert set(counted["gpt2"]["sites"]) == {
-        f"tests/audit_script.py:{n}" for n in lines
-    }  # the first frame outside
+    calling = ("out = model(", "out = built[", "prompt = model(", "model.generate(")
+    lines = [n for n, text in enumerate(script_lines(), 1) if any(call in text for call in calling)]
+    sites = {f"tests/audit_script.py:{n}" for n in lines}  # the first frame outside transformers
+    assert set(counted["gpt2"]["sites"]) == sites
     printed = done.stderr[done.stderr.index("hfpatch audit: what stock") :].strip()
     if TF == Version(NEWEST_TESTED):  # the README shows what it prints (on the newest tested release)
         assert f"```\n{printed}\n```" in (HERE.parent / "README.md").read_text(), printed
@@ -147,10 +146,12 @@ def _random_chain(generator: torch.Generator, batch: int = 3) -> list[torch.Tens
     return calls
 
 
+@pytest.mark.parametrize("given", [False, True], ids=["by column", "some calls by the mask"])
 @pytest.mark.parametrize("arch", ["gpt2", "llama", "mistral"])
-def test_the_rule_matches_every_token_of_random_padded_cached_calls(arch):
+def test_the_rule_matches_every_token_of_random_padded_cached_calls(arch, given):
     """stock_error's verdict for each real token of each call equals the stock logits against the row
-    alone: 12 random chains of cached calls (windows of 3 for Mistral)."""
+    alone: 12 random chains of cached calls (windows of 3 for Mistral); ``given``: a random half of the
+    calls pass the mask's positions (as generate() does), the others none."""
     _need(arch)
     model = audit_script.build(arch)
     if arch == "mistral" and not positional(model, hfpatch.registry()["mistral"].cls):
@@ -161,15 +162,27 @@ def test_the_rule_matches_every_token_of_random_padded_cached_calls(arch):
     checked = wrong_seen = 0
     with hfpatch.unpatched(), torch.no_grad():
         for _ in range(12):
-            cache, mask, ids = None, None, None
+            cache, mask, ids, numbered = None, None, None, None
+            # each row's tokens distinct (a repeated token attended at two distances reads one value: right by
+            # coincidence where the rule says wrong)
+            pool = torch.stack([torch.randperm(57, generator=generator) + 3 for _ in range(3)])
             for new in _random_chain(generator):
-                tokens = torch.randint(3, 60, new.shape, generator=generator)
+                taken = 0 if ids is None else ids.shape[1]
+                tokens = pool[:, taken : taken + new.shape[1]]
                 mask = new if mask is None else torch.cat([mask, new], 1)
                 ids = tokens if ids is None else torch.cat([ids, tokens], 1)
-                out = model(input_ids=tokens, attention_mask=mask, past_key_values=cache, use_cache=True)
+                by_mask = given and bool(torch.rand((), generator=generator) < 0.5)
+                positions = {"position_ids": positions_from_mask(mask)[:, -new.shape[1] :]} if by_mask else {}
+                out = model(
+                    input_ids=tokens, attention_mask=mask, past_key_values=cache, use_cache=True, **positions
+                )
                 cache = out.past_key_values
+                column = torch.full((1, new.shape[1]), not by_mask)
+                numbered = column if numbered is None else torch.cat([numbered, column], 1)
                 truth_ = wrong_tokens(model, ids, mask, new.shape[1], out.logits)
-                predicted = stock_error(mask, new.shape[1], relative, windows) > 0
+                predicted = (
+                    stock_error(mask, new.shape[1], relative, windows, numbered if given else None) > 0
+                )
                 assert torch.equal(predicted, truth_), (mask, predicted, truth_)
                 checked += int((new != 0).sum())
                 wrong_seen += int(truth_.sum())
