@@ -24,7 +24,7 @@ from .rope import DYNAMIC, scaled_rope
 from .support import in_range, installed_transformers
 from .windows import CHUNKED, _layer_types, _text_config, _window_of, positional
 
-__all__ = ["OWN_POSITIONS", "Watcher", "call_site"]
+__all__ = ["OWN_POSITIONS", "Watcher", "call_site", "fingerprint", "the_masks_positions"]
 
 ABSOLUTE_HANDS_TO = (TABLE, SINUSOID, PADDED_TABLE)  # decoders whose position module is a table or sinusoid
 INTERNAL = ("transformers", "torch", "hfpatch")  # frames skipped to find a call site
@@ -36,8 +36,10 @@ class Watcher:
     def __init__(self, report: Any) -> None:  # an hfpatch.auditing.AuditReport
         self.report = report
         self.facts: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> _Facts
-        # id(cache) -> (the cache, how each column it holds was numbered: [1, columns] bool, True: by
-        # column (a call without positions), False: by the mask; None: unknown (the caller's own))
+        # id(cache) -> (its first layer's keys as the call that filled it left them, how each column it
+        # holds was numbered: [1, columns] bool, True: by column (a call without positions), False: by the
+        # mask; None: unknown (the caller's own)). The keys, not the cache: a legacy tuple has no weak
+        # reference, and a cache changed outside the calls (cropped, reordered) has other keys
         self.numbered: dict[int, tuple[weakref.ref, Optional[torch.Tensor]]] = {}
         self.lock = threading.Lock()
 
@@ -78,17 +80,18 @@ class Watcher:
             return None
         with self.lock:
             found = self.numbered.get(id(cache))
-        if found is not None and found[0]() is cache:
+        keys = first_layer_keys(cache)
+        if found is not None and keys is not None and found[0]() is keys:
             numbering = found[1]
             return (
                 numbering if numbering is not None and numbering.shape[1] == past_length(cache) else UNKNOWN
             )
-        stamp = _fingerprint(cache)  # a copy (copy.deepcopy of a prompt cache): the same keys
+        stamp = fingerprint(cache)  # a copy (copy.deepcopy of a prompt cache): the same keys
         with self.lock:
             known = [(ref(), numbering) for ref, numbering in self.numbered.values()]
-        for other, numbering in known:
-            if other is not None and other is not cache and numbering is not None:
-                if numbering.shape[1] == past_length(cache) and _fingerprint(other) == stamp:
+        for other, numbering in known:  # the keys of a cache seen filled
+            if other is not None and other is not keys and numbering is not None:
+                if numbering.shape[1] == past_length(cache) and _keys_fingerprint(other) == stamp[1]:
                     return numbering
         return UNKNOWN
 
@@ -97,10 +100,11 @@ class Watcher:
         if numbering is None or isinstance(result, (tuple, list)):
             return
         cache = output_cache(result)
-        if cache is None or isinstance(cache, (tuple, list)):
+        keys = first_layer_keys(cache) if cache is not None else None
+        if keys is None:
             return
         with self.lock:
-            self.numbered[id(cache)] = (weakref.ref(cache), None if numbering is UNKNOWN else numbering)
+            self.numbered[id(cache)] = (weakref.ref(keys), None if numbering is UNKNOWN else numbering)
             if len(self.numbered) > 64:  # the caches of finished chains
                 for key in [key for key, (ref, _) in self.numbered.items() if ref() is None]:
                     del self.numbered[key]
@@ -235,7 +239,7 @@ def _judge(seen: Any, facts: _Facts, numbering: Any = None) -> Any:
     num_new, length = tokens.shape[1], mask.shape[1]
     if past_length(cache) + num_new != length:
         return "a mask that is not past + new tokens long"
-    if given is not None and not _the_masks_positions(given, mask, num_new):
+    if given is not None and not the_masks_positions(given, mask, num_new):
         return OWN_POSITIONS
     if facts.own_mask and 1 < num_new < length and bool((mask == 0).any()):
         return "this release's SDPA mask of a padded cached prefix continued by several tokens"
@@ -270,7 +274,7 @@ OWN_POSITIONS = "the caller's own positions (not the mask's)"
 UNKNOWN = object()  # how a cache's columns were numbered, where the audit cannot tell
 
 
-def _the_masks_positions(given: torch.Tensor, mask: torch.Tensor, num_new: int) -> bool:
+def the_masks_positions(given: torch.Tensor, mask: torch.Tensor, num_new: int) -> bool:
     """Whether the caller's positions are those of the mask at every real new token (``generate()``'s)."""
     if given.dim() != 2 or given.shape[-1] != num_new:
         return False
@@ -306,12 +310,16 @@ def _judge_packed(seen: Any, facts: _Facts, tokens: Any) -> Any:
     return [len(per_row) - per_row.count(0), count, 0, 1] if count else [0, 0, 0, 1]
 
 
-def _fingerprint(cache: Any) -> Any:
+def fingerprint(cache: Any) -> Any:
     """A cache's length and its first layer's newest keys, summed: a deep copy has the same."""
     keys = first_layer_keys(cache)
     if keys is None:
         return None
-    return past_length(cache), float(keys[..., -1, :].double().sum())  # (a sliding layer keeps fewer)
+    return past_length(cache), _keys_fingerprint(keys)
+
+
+def _keys_fingerprint(keys: torch.Tensor) -> float:
+    return float(keys[..., -1, :].double().sum())  # the newest slot (a sliding layer keeps fewer)
 
 
 def call_site() -> tuple[str, Any]:

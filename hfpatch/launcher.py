@@ -117,10 +117,15 @@ def apply_from_environment(how: Optional[str] = None) -> None:
     if names is None:
         return
     folder = os.environ.get(AUDIT_VARIABLE, "").strip()
-    if folder:  # hfpatch audit: stock results, calls counted
+    rate = os.environ.get(SHADOW_VARIABLE, "").strip()  # checked by read_environment above
+    if folder:  # hfpatch audit: stock results, calls counted (and, with HFPATCH_SHADOW, stock's checked)
         from .auditing import audit_this_process
 
         audit_this_process(folder)
+        if rate:
+            from .shadowing import shadow_this_process
+
+            shadow_this_process(float(rate))
         return
     if how is None and os.environ.get(LAUNCHED_VARIABLE):
         how = f"the hfpatch run launcher (sitecustomize, process {os.getpid()})"
@@ -130,8 +135,7 @@ def apply_from_environment(how: Optional[str] = None) -> None:
         how += f", {ARCHS_VARIABLE}={','.join(names)}"
     engine.apply(names or None, packed=read_packed(os.environ))
     engine.applied_by(how)
-    rate = os.environ.get(SHADOW_VARIABLE, "").strip()
-    if rate:  # checked by read_environment above
+    if rate:
         from .shadowing import shadow_this_process
 
         shadow_this_process(float(rate))

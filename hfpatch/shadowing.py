@@ -33,7 +33,7 @@ from . import engine
 from ._compat import CACHE_NAMES, output_cache
 from ._context import SHADOW_COUNTS, unwatch, watch
 from .caches import capacity, first_layer_keys, past_length
-from .judge import call_site
+from .judge import call_site, fingerprint, the_masks_positions
 from .packed import packed_rows
 from .rope import scaled_rope
 from .testing import FP32, RELATIVE
@@ -185,17 +185,19 @@ class _Watcher:
         found = packed_rows(kwargs, tokens) if kwargs.get("position_ids") is not None else None
         if found is None and (not isinstance(mask, torch.Tensor) or mask.dim() != 2):
             return None  # no padding to check (or a 4-D mask: the caller's own)
-        if found is None and (
-            kwargs.get("position_ids") is not None or kwargs.get("cache_position") is not None
-        ):
-            return self.skip("the caller's positions")
+        given = kwargs.get("position_ids")
+        slots = kwargs.get("cache_position")
+        if found is None and slots is not None and not _slots_after_the_cache(slots, seen.cache, tokens):
+            return self.skip("the caller's cache_position")
         family = seen.adapter.family
         if family.hands_to is not None or family.seq2seq or family.multimodal:
             return self.skip("a decoder of an encoder-decoder model, or a multimodal wrapper")
         if model.training:
             return self.skip("training mode (dropout)")
         if any(
-            isinstance(v, torch.Tensor) for k, v in kwargs.items() if k not in TAKEN and k != "position_ids"
+            isinstance(v, torch.Tensor)
+            for k, v in kwargs.items()
+            if k not in TAKEN and k not in ("position_ids", "cache_position")
         ):
             return self.skip("other inputs")
         if self._scaled(model):
@@ -205,6 +207,8 @@ class _Watcher:
         if found is not None:  # a packed batch: its sequences, each against itself alone
             return (PACKED, found, False) if self.sample() < self.rate else None
         cache, num_new = seen.cache, tokens.shape[1]
+        if given is not None and not the_masks_positions(given, mask, num_new):
+            return self.skip("the caller's own positions (not the mask's)")
         if cache is None or (capacity(cache) is None and past_length(cache) == 0):
             if mask.shape[1] != num_new or self.sample() >= self.rate:
                 return None
@@ -212,7 +216,9 @@ class _Watcher:
             return (None, tokens, follow) if bool((mask == 0).any()) else (None, None, follow)
         followed = self.followed.get(id(cache))
         if followed is None or followed.ref() is not cache:
-            return None
+            followed = self._copied(cache)  # a deep copy of a followed cache (a prompt reused)
+            if followed is None:
+                return None
         if (
             ids is None
             or not _same(followed.stamp, cache)
@@ -248,39 +254,38 @@ class _Watcher:
                 weakref.finalize(out, self.followed.pop, id(out), None)
 
     def compare_packed(self, seen: Any, found: tuple, result: Any) -> None:
-        """One packed sequence, chosen at random, run alone with its own positions."""
+        """One packed sequence, chosen at random (every one at rate 1), run alone with its own positions."""
         mask, positions, segment_ids = found
         key = "input_ids" if seen.kwargs.get("input_ids") is not None else "inputs_embeds"
         inputs = seen.kwargs[key]
         real = mask != 0
         segment_ids = segment_ids.expand(real.shape)
         sequences = torch.unique(segment_ids[real] + segment_ids.shape[1] * real.nonzero()[:, 0]).tolist()
-        chosen = sequences[self.sample(len(sequences))]
-        row, segment = divmod(chosen, segment_ids.shape[1])
-        columns = (real[row] & (segment_ids[row] == segment)).nonzero().flatten()
-        live = _outputs(result)[row, columns]
-        alone_kwargs = {
-            key: inputs[row, columns][None],
-            "position_ids": positions.expand(real.shape)[row, columns][None],
-        }
-        if "use_cache" in seen.kwargs:
-            alone_kwargs["use_cache"] = False
-        with torch.no_grad():
-            alone = _outputs(seen.model(**alone_kwargs))[0]
-        self.judge(
-            seen,
-            live.detach(),
-            alone.detach(),
-            row,
-            mask.shape[0],
-            f"a packed batch, sequence {segment}",
-            mask.shape[1],
-        )
+        chosen = sequences if self.rate >= 1.0 else [sequences[self.sample(len(sequences))]]
+        for sequence in chosen:
+            row, segment = divmod(sequence, segment_ids.shape[1])
+            columns = (real[row] & (segment_ids[row] == segment)).nonzero().flatten()
+            live = _outputs(result)[row, columns]
+            alone_kwargs = {
+                key: inputs[row, columns][None],
+                "position_ids": positions.expand(real.shape)[row, columns][None],
+            }
+            if "use_cache" in seen.kwargs:
+                alone_kwargs["use_cache"] = False
+            with torch.no_grad():
+                alone = _outputs(seen.model(**alone_kwargs))[0]
+            scenario = f"a packed batch, sequence {segment}"
+            self.judge(seen, live.detach(), alone.detach(), row, mask.shape[0], scenario, mask.shape[1])
 
     def compare(self, seen: Any, whole: torch.Tensor, result: Any) -> None:
+        """One row chosen at random (every row at rate 1) run alone, against the call's."""
+        batch = seen.kwargs["attention_mask"].shape[0]
+        for row in range(batch) if self.rate >= 1.0 else (self.sample(batch),):
+            self.compare_row(seen, whole, result, row)
+
+    def compare_row(self, seen: Any, whole: torch.Tensor, result: Any, row: int) -> None:
         mask, model = seen.kwargs["attention_mask"], seen.model
         batch, num_new = mask.shape[0], _new_tokens(seen)
-        row = self.sample(batch)
         real = mask[row] != 0
         new_real = real[-num_new:]
         count = int(new_real.sum())
@@ -346,11 +351,37 @@ class _Watcher:
             where = (frame.f_code.co_filename, frame.f_lineno, globals_.get("__name__"), registry)
             warnings.warn_explicit(message, ShadowMismatch, *where)
 
+    def _copied(self, cache: Any) -> Optional[_Followed]:
+        """A followed cache that ``cache`` is a copy of (the same length and newest keys), now followed
+        under ``cache`` too; None if none."""
+        stamp = fingerprint(cache)
+        if stamp is None:
+            return None
+        for followed in list(self.followed.values()):
+            other = followed.ref()
+            if other is None or other is cache or not _same(followed.stamp, other):
+                continue
+            if followed.ids.shape[1] == stamp[0] and fingerprint(other) == stamp:
+                copy = _Followed(cache, followed.ids)
+                self.followed[id(cache)] = copy
+                weakref.finalize(cache, self.followed.pop, id(cache), None)
+                return copy
+        return None
+
     def _scaled(self, model: Any) -> bool:
         found = self.scaled.get(model)
         if found is None:
             found = self.scaled[model] = scaled_rope(model) is not None
         return found
+
+
+def _slots_after_the_cache(slots: Any, cache: Any, tokens: Any) -> bool:
+    """Whether a ``cache_position`` names the slots right after a growing cache's tokens (what
+    ``generate()`` passes on 4.38-5.3): the usual call, checked as one without it."""
+    if tokens is None or capacity(cache) is not None or not isinstance(slots, torch.Tensor):
+        return False
+    expected = torch.arange(tokens.shape[1], device=slots.device) + past_length(cache)
+    return slots.reshape(-1).shape == expected.shape and bool((slots.reshape(-1) == expected).all())
 
 
 def _new_tokens(seen: Any) -> int:

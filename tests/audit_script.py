@@ -85,11 +85,21 @@ def generate_calls(model: torch.nn.Module, prompt_mask: list, new: int, generato
                 input_ids=torch.cat([ids, suffix], 1),
                 attention_mask=torch.cat([mask, torch.ones_like(suffix)], 1),
                 past_key_values=copy.deepcopy(prompt.past_key_values),
-                max_new_tokens=STEPS, min_new_tokens=STEPS, do_sample=False, logits_to_keep=0, pad_token_id=0,
+                max_new_tokens=STEPS, min_new_tokens=STEPS, do_sample=False, pad_token_id=0,
+                **every_logit(model),
             )  # fmt: skip
         finally:
             handle.remove()
     return [{"ids": ids, "mask": mask, "new": ids.shape[1], "logits": prompt.logits.clone()}, *records]
+
+
+def every_logit(model: torch.nn.Module) -> dict:
+    """generate()'s argument for the logits of every new token (it keeps the last one's), by release."""
+    import inspect
+
+    parameters = inspect.signature(model.forward).parameters
+    name = next((n for n in ("logits_to_keep", "num_logits_to_keep") if n in parameters), None)
+    return {name: 0} if name else {}
 
 
 def packed_call(lengths: list[list[int]], generator: torch.Generator) -> tuple[torch.Tensor, ...]:

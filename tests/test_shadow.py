@@ -67,7 +67,7 @@ def test_no_mismatch_on_patched_models_and_the_same_bits(model):
             with hfpatch.shadow(rate=1.0) as report:
                 shadowed = calls(model, ids)
     assert all(torch.equal(a, b) for a, b in zip(plain, shadowed))
-    assert report.checked == (4 if followed(model) else 2) and report.mismatches == 0, report
+    assert report.checked == (8 if followed(model) else 4) and report.mismatches == 0, report  # every row
     assert report.worst <= 1e-5
 
 
@@ -106,7 +106,7 @@ def test_finds_stock_gpt2_wrong_with_left_padding():
         with hfpatch.shadow(rate=1.0, seed=1) as report:
             for _ in range(4):
                 model(input_ids=ids, attention_mask=LEFT)
-    assert report.checked == 4 and 1 <= report.mismatches < 4  # row 1 has no pads: right on stock
+    assert report.checked == 8 and report.mismatches == 4  # every row at rate 1; row 1 (no pads) is right
 
 
 def test_rate_zero_checks_nothing_and_the_programs_random_state_is_untouched(model):
@@ -118,13 +118,14 @@ def test_rate_zero_checks_nothing_and_the_programs_random_state_is_untouched(mod
         torch_state, python_state = torch.random.get_rng_state(), random.getstate()
         with hfpatch.shadow(rate=1.0) as report:
             calls(model, ids)
-        assert report.checked == (4 if followed(model) else 2)
+        assert report.checked == (8 if followed(model) else 4)
     assert torch.equal(torch.random.get_rng_state(), torch_state) and random.getstate() == python_state
 
 
-def test_a_cache_changed_outside_the_calls_is_let_go(model):
-    """Prompt reuse (a deep copy continued) and a cache reordered in place are not followed: no check
-    against a history the cache no longer has, so no false mismatch."""
+def test_a_copied_cache_is_followed_and_a_reordered_one_let_go(model):
+    """Prompt reuse (a deep copy continued: the same keys, matched) is followed and checked; a cache
+    reordered in place is let go: no check against a history the cache no longer has, so no false
+    mismatch."""
     if not followed(model):
         pytest.skip("the model returns no Cache object here: the shadow checks its uncached calls only")
     ids = torch.randint(5, 60, (2, 5), generator=torch.Generator().manual_seed(0))
@@ -134,12 +135,12 @@ def test_a_cache_changed_outside_the_calls_is_let_go(model):
             input_ids=ids, attention_mask=RIGHT, past_key_values=make_dynamic_cache(model)
         ).past_key_values
         copied = copy.deepcopy(cache)
-        model(input_ids=ids[:, :1], attention_mask=mask, past_key_values=copied)  # not followed
+        model(input_ids=ids[:, :1], attention_mask=mask, past_key_values=copied)  # followed: its keys
         if hasattr(cache, "reorder_cache"):
             cache.reorder_cache(torch.tensor([1, 0]))  # rows swapped in place: the history is wrong now
             model(input_ids=ids[:, :1], attention_mask=mask.flip(0), past_key_values=cache)
     assert report.mismatches == 0, report
-    assert report.checked == 1 + (not hasattr(cache, "reorder_cache")), report  # the first call only
+    assert report.checked == 4, report  # the first call's rows and the copy's, not the reordered one's
 
 
 @pytest.mark.parametrize("rate", [-0.1, 1.5, "all", True])
@@ -172,8 +173,8 @@ def test_hfpatch_shadow_variable_with_the_launcher():
     done = subprocess.run([*run, script], env={**environ, "HFPATCH_SHADOW": "1"}, capture_output=True,
                           text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert "'checked': 1, 'mismatches': 0" in done.stdout, done.stdout
-    assert "hfpatch shadow (process" in done.stderr and "1 rows checked, 0 mismatches" in done.stderr
+    assert "'checked': 2, 'mismatches': 0" in done.stdout, done.stdout  # every row at rate 1
+    assert "hfpatch shadow (process" in done.stderr and "2 rows checked, 0 mismatches" in done.stderr
 
 
 def test_packed_rows_are_checked_one_sequence_at_a_time(model):
@@ -195,9 +196,40 @@ def test_packed_rows_are_checked_one_sequence_at_a_time(model):
             warnings.simplefilter("ignore")
             watched = [model(input_ids=ids, position_ids=positions).logits for _ in range(6)]
     assert all(torch.equal(plain, logits) for logits in watched)
-    assert report.checked == 6 and report.mismatches >= 1 and report.worst > 1e-3, report
+    assert report.checked == 18 and report.mismatches == 12 and report.worst > 1e-3, report  # all 3 sequences
     if TF >= Version(PACKED_FROM[arch]):
         with hfpatch.shadow(rate=1.0) as report, torch.no_grad():
             for _ in range(6):
                 model(input_ids=ids, position_ids=positions)
-        assert report.checked == 6 and report.mismatches == 0, report
+        assert report.checked == 18 and report.mismatches == 0, report
+
+
+def test_generate_steps_are_checked(model):
+    """generate() passes the mask's positions at every step: each step is checked, and on stock the
+    left-padded prefill of GPT-2 is found (generate() itself passes right positions: its steps right)."""
+    ids = torch.randint(5, 60, (2, 5), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), hfpatch.shadow(rate=1.0) as report:
+        model.generate(input_ids=ids, attention_mask=LEFT, max_new_tokens=3, do_sample=False, pad_token_id=0)
+    steps = 3 if followed(model) else 1  # (a legacy tuple cache is not followed: the prefill only)
+    assert report.checked == 2 * steps and report.mismatches == 0, report
+
+
+def test_the_shadow_under_hfpatch_audit():
+    """HFPATCH_SHADOW with hfpatch audit: the audited process runs stock, and the shadow checks it."""
+    if arch_skip_reason("gpt2"):
+        pytest.skip(arch_skip_reason("gpt2"))
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("HFPATCH_")}
+    script = (
+        "import torch\n"
+        "from hfpatch.verification.tiny import tiny_model\n"
+        "model = tiny_model('gpt2')\n"
+        "with torch.no_grad():\n"
+        "    ids, mask = torch.tensor([[5, 6, 7], [8, 9, 10]]), torch.tensor([[0, 1, 1], [1, 1, 1]])\n"
+        "    model(input_ids=ids, attention_mask=mask)\n"
+    )  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "hfpatch", "audit", "--", sys.executable, "-c", script],
+        env={**environ, "HFPATCH_SHADOW": "1"}, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "2 rows checked, 1 mismatches" in done.stderr, done.stderr  # stock GPT-2's left-padded row
