@@ -52,7 +52,7 @@ __all__ = [
 
 SLIDING, CHUNKED, FULL = "sliding_attention", "chunked_attention", "full_attention"
 KNOWN_TYPES = (FULL, SLIDING, CHUNKED)
-# DeepSeek V3.2's sparse attention (named so up to 5.17, "indexed" after): its indexer picks keys the mask allows
+# DeepSeek V3.2's sparse attention (so named up to 5.17): its indexer picks among the keys the mask allows
 INDEXED = ("indexed_attention", "deepseek_sparse_attention")
 PACKED_TYPES = (*KNOWN_TYPES, *INDEXED)  # the layer types a packed row's mask by sequence reaches
 ATTENTION = ("eager", "sdpa")  # flash attention unpads and applies its own window; flex: left to stock
