@@ -51,10 +51,10 @@ __all__ = [
 ]
 
 SLIDING, CHUNKED, FULL = "sliding_attention", "chunked_attention", "full_attention"
-KNOWN_TYPES = (FULL, SLIDING, CHUNKED)
-# DeepSeek V3.2's sparse attention (so named up to 5.17): its indexer picks among the keys the mask allows
+# DeepSeek V3.2's sparse attention (so named up to 5.17): its indexer picks among the keys the mask allows,
+# a full-attention layer otherwise
 INDEXED = ("indexed_attention", "deepseek_sparse_attention")
-PACKED_TYPES = (*KNOWN_TYPES, *INDEXED)  # the layer types a packed row's mask by sequence reaches
+KNOWN_TYPES = (FULL, SLIDING, CHUNKED, *INDEXED)  # the layer types whose masks hfpatch builds
 ATTENTION = ("eager", "sdpa")  # flash attention unpads and applies its own window; flex: left to stock
 FLEX = "flex_attention"  # a packed row's BlockMask, where the mask functions take one (4.53+)
 
@@ -173,8 +173,7 @@ def apply_masks(
     if plan.decoder_cache:  # T5Gemma 2 merges each kind with the cross mask, whichever its layers use
         windows.setdefault(FULL, None)
     sizes = [size for size in windows.values() if size is not None]
-    known = KNOWN_TYPES if packed is None else PACKED_TYPES
-    if not set(windows) <= set(known) or (len(windows) > 1 and not plan.takes_mask_dict):
+    if not set(windows) <= set(KNOWN_TYPES) or (len(windows) > 1 and not plan.takes_mask_dict):
         return False  # a layer type this does not know (linear, hybrid ...): left to stock
     if packed is None:
         if not sizes:
@@ -251,7 +250,7 @@ def packed_here(model: Any, plan: Optional[MaskPlan]) -> bool:
     if attention not in ATTENTION and not (attention == FLEX and plan.form == MASK_FUNCTIONS):
         return False
     kinds = set(_layer_types(config, plan)) if plan.windowed else {FULL}
-    return kinds <= set(PACKED_TYPES) and (len(kinds) == 1 or plan.takes_mask_dict)
+    return kinds <= set(KNOWN_TYPES) and (len(kinds) == 1 or plan.takes_mask_dict)
 
 
 def positional(model: Any, cls: str) -> bool:

@@ -27,6 +27,10 @@ HYBRID_CACHE = (
     "the cache the model creates for a call without one (a HybridCache sized to that call) cannot take more "
     "tokens: a continued call fails on stock too; use 4.53+"
 )
+COLUMN_WINDOW_BAD = (
+    "{} decides its sliding window by cache column: past the window, a hole from a padded cached prefix stays "
+    "wrong with the right positions ({} off with hfpatch on a tiny model), so it is not patched"
+)
 NOT_VERIFIED = "hfpatch's tiny {} model {} on these releases: no evidence either way"
 COLUMN_WINDOW = (
     "sliding window: {} decides it by cache column, so a hole from a padded cached prefix inside the "
@@ -66,12 +70,12 @@ ADAPTERS = (
     Adapter("deepseek_v2", "DeepseekV2Model", ROTARY, "4.54"),
     Adapter("deepseek_v3", "DeepseekV3Model", ROTARY, "4.51", aliases=("sarvam_mla",)),
     Adapter("deepseek_v32", "DeepseekV32Model", ROTARY, "5.11"),
-    Adapter("deepseek_v4", "DeepseekV4Model", ROTARY, "5.8", limits=(COLUMN_WINDOW.format("its compressed / indexed attention"),), packed=COMPRESSED_LAYERS),
+    Adapter("deepseek_v4", "DeepseekV4Model", ROTARY, "5.8", known_bad=((">=5.8", COLUMN_WINDOW_BAD.format("its compressed attention", "0.55")),), packed=COMPRESSED_LAYERS),
     Adapter("diffllama", "DiffLlamaModel", ROTARY, "4.48"),
     Adapter("doge", "DogeModel", ROTARY, "5.18"),
     Adapter("dory", "DoryModel", ROTARY, "5.24"),
     Adapter("dots1", "Dots1Model", ROTARY, "4.53"),
-    Adapter("dots3_note_text", "Dots3NoteTextModel", ROTARY, "5.23", package="dots3_note", aliases=("dots3_note",), limits=(COLUMN_WINDOW.format("its indexed attention"),)),
+    Adapter("dots3_note_text", "Dots3NoteTextModel", ROTARY, "5.23", package="dots3_note", aliases=("dots3_note",)),
     Adapter("emu3", "Emu3TextModel", ROTARY, "5.8"),
     Adapter("ernie4_5", "Ernie4_5Model", ROTARY, "4.54"),
     Adapter("ernie4_5_moe", "Ernie4_5_MoeModel", ROTARY, "4.54"),
@@ -129,7 +133,7 @@ ADAPTERS = (
     Adapter("mixtral", "MixtralModel", ROTARY, "4.36", known_bad=((">=4.37,<4.39", MASK_437),)),
     Adapter("mllama", "MllamaTextModel", ROTARY, "5.0"),
     Adapter("modernbert-decoder", "ModernBertDecoderModel", ROTARY, "4.54"),
-    Adapter("moshi", "MoshiModel", ROTARY, "5.18", limits=(COLUMN_WINDOW.format("Moshi's attention"),)),
+    Adapter("moshi", "MoshiModel", ROTARY, "5.18", known_bad=((">=5.18", COLUMN_WINDOW_BAD.format("its sliding cache (dropping keys)", "0.94")),)),
     Adapter("nanochat", "NanoChatModel", ROTARY, "5.0"),
     Adapter("nemotron", "NemotronModel", ROTARY, "4.44"),
     Adapter("olmo", "OlmoModel", ROTARY, "4.40"),

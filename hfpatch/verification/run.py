@@ -27,6 +27,7 @@ from .scenarios import (
     ENCODER_SCENARIO,
     MAX_ROPE_PROBE,
     MAX_WINDOW_PROBE,
+    MORE_SCENARIOS,
     SCENARIOS,
     Inputs,
     PositionsByHand,
@@ -172,19 +173,20 @@ def _decoder_takes_positions(adapter: Optional[Adapter]) -> bool:
 
 
 def _probes(model: Any, adapter: Optional[Adapter], static: bool, inputs: Inputs) -> list[Probe]:
-    """Each scenario this model can run: windows only where hfpatch decides them by position (elsewhere
-    a declared limit, said in the notes), rope scaling of decoder-only models."""
+    """Each scenario this model can run (the oracle's: hfpatch.testing runs the same), past its window
+    wherever its config sets one (decided by position or not), rope scaling of decoder-only models."""
     seq2seq = is_seq2seq(model)
     cached = cache_inputs(model, inputs)
     inputs = cached if cached is not None else inputs
     factory = None
     if static and cached is not None and takes_static_cache(model, inputs):
         factory = functools.partial(static_cache, model)
-    window = None
     if adapter is not None and positional(model, adapter.cls):
         window = smallest_window(model, adapter.cls)
+    else:  # transformers' own window (a declared limit where it is by cache column): probed all the same
+        window = configured_window(model)
     return probes(
-        SCENARIOS,
+        (*SCENARIOS, *MORE_SCENARIOS),
         inputs,
         cached=cached is not None,
         prefix="decoder: " if seq2seq else "",
