@@ -62,10 +62,10 @@ def build(adapter: Adapter, module: Any, pin: Pin) -> tuple[Patch, ...]:
     hands_to = adapter.family.hands_to
     if adapter.receiver is not None:
         cls = getattr(module, adapter.receiver, None)
-        found = receiver(cls, hands_to) if isinstance(cls, type) else None
+        found = receiver(cls, hands_to, pin) if isinstance(cls, type) else None
         if found is None:
             raise TypeError(f"{module.__name__}:{adapter.receiver} not found in this transformers release")
-        rows.append(Patch(cls, *found))
+        rows.extend(Patch(cls, *method) for method in found)
     users = Users()
     for rotary in rotary_classes(module):
         rows.append(Patch(rotary.cls, "forward", rotary.forward, per_row_forward(rotary, users), users))

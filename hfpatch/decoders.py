@@ -26,6 +26,15 @@ uses them, for the duration of the call:
      call can have (``1 x (2 * keys - 1)``), so that buckets and directions stay the release's; a
      static cache's columns past the mask (unwritten slots, masked by the model) count as padding.
 
+A layer recomputed in the backward pass by activation checkpointing runs after the call that set the
+slot has returned. transformers' own checkpoint function carries the slot into the recomputation
+(:class:`hfpatch._context.CarryContext`); any other (torch's ``checkpoint_wrapper``, as FSDP and
+accelerate apply it, a plain ``torch.utils.checkpoint`` of a block, DeepSpeed's) recomputes the layer
+with its arguments only. So the relative-bias layer also takes the hand-off from its own arguments
+where it is recomputed without one (no slot, inside a backward pass, the adapter patched in this
+thread): its 4-D mask's last query row sees exactly the real keys of the 2-D mask it was made from
+(causal or not; a row of pads only is masked whole), which give the same positions as the slot had.
+
 Elsewhere (no slot, another module, a shape that does not match), the original runs unchanged.
 Compile-safe: a thread-local read, an identity test and shapes; no ``.item()``, no branch on tensor
 values (dynamo traces the slot as a Python object: one graph, guarded on the slot being empty at entry).
@@ -39,9 +48,9 @@ from typing import Any, Callable, NamedTuple, Optional
 
 import torch
 
-from ._context import CALL
+from ._context import CALL, Pin, patched_here
 from .declarations import PADDED_TABLE, RELATIVE_BIAS, SINUSOID, TABLE
-from .positions import positions_from_mask
+from .positions import new_token_positions, positions_from_mask
 
 __all__ = ["HANDS_TO", "Pending", "Receiver", "call_with_positions", "receiver"]
 
@@ -137,30 +146,91 @@ def _relative_bias(original: Callable) -> Callable:
     return compute_bias
 
 
-class Receiver(NamedTuple):
-    """Where a family's positions are taken: the method of the receiver class that is patched, how its
-    replacement is made from the original, and whether it runs inside a layer (then activation
-    checkpointing must carry the hand-off into the layer's recomputation)."""
+def _real_keys(mask: Any) -> Optional[torch.Tensor]:
+    """The keys the last query of a layer's 4-D mask sees, ``[batch, keys]`` bool: the real tokens of the
+    2-D mask it was made from (a causal row's last query sees every real key before it; a bidirectional
+    row's every query does). None for no mask (no padding: the stock bias is the row's own)."""
+    if type(mask).__name__ == "BlockMask":  # flex attention: its mask function at the last query
+        batch, _, queries, keys = mask.shape
+        rows = torch.arange(batch, device=mask.kv_num_blocks.device)[:, None]
+        columns = torch.arange(keys, device=rows.device)[None, :]
+        return mask.mask_mod(rows, torch.zeros_like(rows), torch.full_like(rows, queries - 1), columns)
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 4:
+        return None
+    last = mask[:, 0, -1, :]
+    return last if last.dtype == torch.bool else last > torch.finfo(last.dtype).min / 2  # additive
 
-    method: str
-    make: Callable[[Callable], Callable]
+
+def _relative_bias_layer(original: Callable, pin: Pin) -> Callable:
+    """The attention's ``forward``, so that a layer takes the same bias whether it runs in the forward
+    pass or is recomputed with its arguments only (see the module's docstring):
+
+    - the call's hand-off, where the layer's mask shows padding (none: the stock bias is the row's own,
+      and the layer runs stock, as its recomputation will);
+    - no hand-off, in training mode (eager) where the model is patched: the hand-off taken from the
+      layer's own 4-D mask, in the forward pass as in a recomputation (reentrant checkpointing runs the
+      forward pass without grad, so that is no sign).
+    """
+    parameters = list(inspect.signature(original).parameters)
+    where = next((i for i, name in enumerate(parameters) if name in ("mask", "attention_mask")), None)
+    if where is None:
+        raise TypeError(f"{original.__qualname__} takes no mask")
+    name = parameters[where]
+
+    def forward(self: Any, hidden_states: Any, *args: Any, **kwargs: Any) -> Any:
+        pending = CALL.pending
+        if not self.has_relative_attention_bias or (pending is not None and pending.module is not None):
+            return original(self, hidden_states, *args, **kwargs)
+        training = self.training and not torch.compiler.is_compiling()
+        if pending is None and not (training and patched_here(pin)):
+            return original(self, hidden_states, *args, **kwargs)
+        mask = args[where - 2] if len(args) > where - 2 else kwargs.get(name)  # after self, hidden_states
+        if pending is not None and mask is not None:
+            return original(self, hidden_states, *args, **kwargs)
+        real = _real_keys(mask) if pending is None else None
+        new = hidden_states.shape[1]
+        CALL.pending = Pending(None, new_token_positions(real, new), real) if real is not None else None
+        try:
+            return original(self, hidden_states, *args, **kwargs)
+        finally:
+            CALL.pending = pending
+
+    return forward
+
+
+class Receiver(NamedTuple):
+    """Where a family's positions are taken: the methods of the receiver class that are patched, each
+    with how its replacement is made from the original and the adapter's pin, and whether they run
+    inside a layer (then activation checkpointing must carry the hand-off into the layer's
+    recomputation)."""
+
+    methods: tuple[tuple[str, Callable[[Callable, Pin], Callable]], ...]
     inside_layers: bool = False
 
 
+def _positions_only(make: Callable[[Callable], Callable]) -> Callable[[Callable, Pin], Callable]:
+    return lambda original, pin: make(original)
+
+
 HANDS_TO: dict[str, Receiver] = {
-    TABLE: Receiver("forward", _table),
-    SINUSOID: Receiver("forward", _sinusoid),
-    PADDED_TABLE: Receiver("forward", _padded_table),
-    RELATIVE_BIAS: Receiver("compute_bias", _relative_bias, inside_layers=True),  # in the first layer
+    TABLE: Receiver((("forward", _positions_only(_table)),)),
+    SINUSOID: Receiver((("forward", _positions_only(_sinusoid)),)),
+    PADDED_TABLE: Receiver((("forward", _positions_only(_padded_table)),)),
+    RELATIVE_BIAS: Receiver(  # in the first layer (every layer: UMT5)
+        (("compute_bias", _positions_only(_relative_bias)), ("forward", _relative_bias_layer)),
+        inside_layers=True,
+    ),
 }
 
 
-def receiver(owner: type, hands_to: str) -> Optional[tuple[str, Callable, Callable]]:
-    """The method of ``owner`` (a receiver class) that takes handed positions: (name, original,
-    replacement); None where the class has no such method of its own; ``TypeError`` where the method
-    is not the one the family's replacement calls."""
-    name, make, _ = HANDS_TO[hands_to]
-    original = owner.__dict__.get(name)
-    if original is None:
-        return None
-    return name, original, functools.wraps(original)(make(original))
+def receiver(owner: type, hands_to: str, pin: Pin) -> Optional[list[tuple[str, Callable, Callable]]]:
+    """The methods of ``owner`` (a receiver class) that take handed positions: (name, original,
+    replacement) each; None where the class lacks one of its own; ``TypeError`` where a method is not
+    the one the family's replacement calls."""
+    found = []
+    for name, make in HANDS_TO[hands_to].methods:
+        original = owner.__dict__.get(name)
+        if original is None:
+            return None
+        found.append((name, original, functools.wraps(original)(make(original, pin))))
+    return found

@@ -9,6 +9,7 @@ restart stays stock's bits."""
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import pytest
@@ -170,17 +171,27 @@ def relative(got: dict, want: dict) -> float:
     return max(((got[k] - want[k]).norm() / want[k].norm().clamp(min=1e-12)).item() for k in want)
 
 
+CHECKPOINTING = [None, "reentrant", "non-reentrant", "checkpoint_wrapper", "checkpoint_wrapper reentrant"]
+
+
 @pytest.mark.invariant("I8")
-@pytest.mark.parametrize("checkpointing", [None, "reentrant", "non-reentrant", "checkpoint_wrapper"])
+@pytest.mark.parametrize("checkpointing", CHECKPOINTING)
 def test_packed_training_step_is_the_sequences_own(arch, attention, checkpointing):
     if not kept_here(arch):
         pytest.skip(f"packed rows of {arch} are kept from {PACKED_FROM[arch]} (installed {TF})")
     model = tiny(arch, attention, **NO_DROPOUT).train()
-    if checkpointing == "checkpoint_wrapper":  # as FSDP activation checkpointing wraps each block
-        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
+    if checkpointing is not None and checkpointing.startswith("checkpoint_wrapper"):  # as FSDP wraps blocks
+        from torch.distributed.algorithms._checkpoint import checkpoint_wrapper as torch_wrapper
 
         blocks = type(_layers(model)[0])
-        apply_activation_checkpointing(model, check_fn=lambda module: isinstance(module, blocks))
+        impl = torch_wrapper.CheckpointImpl
+        wrap = functools.partial(
+            torch_wrapper.checkpoint_wrapper,
+            checkpoint_impl=impl.REENTRANT if checkpointing.endswith("reentrant") else impl.NO_REENTRANT,
+        )
+        torch_wrapper.apply_activation_checkpointing(
+            model, checkpoint_wrapper_fn=wrap, check_fn=lambda module: isinstance(module, blocks)
+        )
         model.config.use_cache = False  # a cache would be written again when a block is recomputed
     elif checkpointing is not None:
         if not model.supports_gradient_checkpointing:
