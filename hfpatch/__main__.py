@@ -5,9 +5,9 @@ import os
 import sys
 
 if __package__:
-    from .cli import main
+    from .cli import console
 else:  # run as a folder or a file: the package is found in the folder above, not module by module here
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    from hfpatch.cli import main
+    from hfpatch.cli import console
 
-sys.exit(main(prog="python -m hfpatch"))
+console(prog="python -m hfpatch")

@@ -16,11 +16,13 @@ from .launcher import audit, run
 __all__ = ["main"]
 
 OK, WRONG, CANNOT_RUN = 0, 1, 2
+BROKEN_PIPE = 141  # as a shell reports a command that SIGPIPE ended
 
 EPILOG = """\
 examples:
   hfpatch                                  the doctor: the bug on stock transformers and the fix
   hfpatch verify qwen2 ./my-checkpoint     the same check on model types or checkpoint directories
+  hfpatch status [qwen2 ...]               what hfpatch.apply() patches on this installation, and why
   hfpatch run -- torchrun train.py         hfpatch in every Python process of a command
   HFPATCH_ARCHS=qwen2,llama hfpatch run -- python serve.py
   hfpatch audit --json audit.json -- python eval.py   stock results; what stock got wrong, counted
@@ -31,9 +33,11 @@ exit status:
   1    a model checked is wrong with hfpatch installed (also one hfpatch does not patch: its
        table says why)
   2    cannot run: bad arguments, no such checkpoint or model type, neither a causal LM, an
-       image-text-to-text nor an encoder-decoder model (or its tiny model cannot be built or run)
+       image-text-to-text nor an encoder-decoder model (or its tiny model cannot be built or run);
+       verify: nothing wrong found, but not everything checked (its table says what was not)
   126  run, audit: the command cannot be executed; 127: it was not found (else: the command's own
        status)
+  141  the output's reader closed it (hfpatch status | head)
 """
 
 
@@ -56,6 +60,8 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "hfpatch") -> int:
     check.add_argument("targets", nargs="+", metavar="TYPE_OR_DIR")
     check.add_argument("--no-static", action="store_true", help="leave out the StaticCache scenario")
     commands.add_parser("architectures", help="print the table of model types (Markdown)")
+    states = commands.add_parser("status", help="what hfpatch.apply() patches here, and why (a table)")
+    states.add_argument("types", nargs="*", metavar="TYPE", help="these model types only, imported")
     launcher = commands.add_parser("run", help="run a command with hfpatch in every Python process")
     launcher.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS")
     auditor = commands.add_parser("audit", help="run a command stock and count what stock got wrong")
@@ -71,6 +77,9 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "hfpatch") -> int:
     if args.command == "architectures":
         print(architectures())
         return OK
+    if args.command == "status":
+        _quiet_transformers()
+        return status(args.types, prog)
     if args.command == "verify":
         if any(not (_names_a_path(t) and not os.path.isdir(t)) for t in args.targets):
             _quiet_transformers()
@@ -130,9 +139,46 @@ def doctor() -> int:
     return WRONG if failed else OK
 
 
+def status(types: Sequence[str], prog: str = "hfpatch") -> int:
+    """``hfpatch status``: ``apply()`` in this process; every model type's row (``print(status())``),
+    or, for the types named, their modules imported (so the state is what a program that imports them
+    gets) and each type's entry in full. Exit 2 for a type hfpatch does not know."""
+    import importlib
+    import textwrap
+
+    engine.apply()
+    engine.applied_by(f"{prog} status")
+    known = engine.status()
+    for arch in types:
+        try:
+            entry = known[arch]
+        except KeyError as exc:
+            print(f"{prog} status: {exc.args[0]}", file=sys.stderr)
+            return CANNOT_RUN
+        if entry.target:
+            importlib.import_module(entry.target.split(":")[0])  # its post-import hook installs the patch
+    if not types:
+        print(known)
+        return OK
+    now = engine.status()
+    print(f"transformers {now.transformers or 'not installed'}")
+    for arch in types:
+        entry = now[arch]
+        print(f"{arch}: {entry.state}")
+        fields = [
+            ("support", entry.support), ("packed", entry.packed), ("patches", entry.target),
+            ("releases", entry.versions), ("why", entry.reason),
+        ]  # fmt: skip
+        for name, value in fields:
+            if value:
+                print(textwrap.fill(value, 100, initial_indent=f"  {name:9}", subsequent_indent=" " * 11))
+    return OK
+
+
 def verify(targets: Sequence[str], static: bool, prog: str = "hfpatch") -> int:
     """``hfpatch verify``: each target's table; exit 1 if one is wrong with hfpatch, 2 if one cannot
-    run (one line each, no traceback). A path that is no directory is said at once (before torch loads)."""
+    run (one line each, no traceback) or could not be checked in full (a scenario that raised on both
+    sides, no KV cache to continue). A path that is no directory is said at once (before torch loads)."""
     worst = OK
     for target in targets:
         if _names_a_path(target) and not os.path.isdir(target):
@@ -150,8 +196,14 @@ def verify(targets: Sequence[str], static: bool, prog: str = "hfpatch") -> int:
             worst = max(worst, CANNOT_RUN)
             continue
         print(f"{result}\n")
-        worst = max(worst, OK if result.ok else WRONG)
+        worst = max(worst, exit_status(result))
     return worst
+
+
+def exit_status(result: Any) -> int:
+    """A verification's exit status: 0 exact wherever checked and everything checked, 1 wrong
+    somewhere, else 2 (a scenario that raised on both sides, calls no scenario could make)."""
+    return OK if result.ok else WRONG if result.wrong else CANNOT_RUN
 
 
 def _names_a_path(target: str) -> bool:
@@ -223,6 +275,10 @@ def _releases(adapter: Any) -> str:
     return (f"{since} - {NEWEST_TESTED}" if since != NEWEST_TESTED else since) + holes
 
 
-def console() -> None:
-    """The ``hfpatch`` console script."""
-    sys.exit(main())
+def console(prog: str = "hfpatch") -> None:
+    """The ``hfpatch`` console script (and ``python -m hfpatch``)."""
+    try:
+        sys.exit(main(prog=prog))
+    except BrokenPipeError:  # its reader stopped reading (hfpatch status | head): no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(BROKEN_PIPE)

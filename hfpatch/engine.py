@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import sys
+import textwrap
 import threading
 import types
 import warnings
@@ -179,16 +180,18 @@ class Status(Mapping):
         return f"Status(transformers={self.transformers!r}, adapters={self.adapters!r})"
 
     def __str__(self) -> str:
-        rows = [("arch", "state", "support", "packed", "target", "reason")]
-        rows += [
-            (a.arch, a.state, a.support, a.packed.split(" ")[0].rstrip(":"), a.target, a.reason)
-            for a in self.adapters
-        ]
-        widths = [max(len(row[i]) for row in rows) for i in range(5)]
+        """A table that fits 100 columns: a row per model type, its reason wrapped under it
+        (``status()[arch]`` has the target and versions too)."""
+        rows = [("arch", "state", "support", "packed")]
+        rows += [(a.arch, a.state, a.support, a.packed.split(" ")[0].rstrip(":")) for a in self.adapters]
+        widths = [max(len(row[i]) for row in rows) for i in range(4)]
         lines = [f"transformers {self.transformers or 'not installed'}"]
         if self.applied_by:
             lines.append(f"applied by {self.applied_by}")
-        lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[5] for row in rows]
+        for row, entry in zip(rows, (None, *self.adapters)):
+            lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)))
+            if entry is not None and entry.reason:
+                lines += textwrap.wrap(entry.reason, 100, initial_indent="    ", subsequent_indent="    ")
         if self.shadow["checked"]:
             lines.append(
                 f"shadow checks: {self.shadow['checked']} rows, {self.shadow['mismatches']} mismatches"

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 import hfpatch
+from hfpatch import cli
 from hfpatch.cli import DOCTOR_MODELS
 from hfpatch.verification.tiny import tiny_model, tiny_multimodal, tiny_seq2seq
 from hfpatch.windows import positional
@@ -221,3 +222,52 @@ def test_launcher_names_hfpatch_in_rays_runtime_env_hook():
     result = _run("run", "--", sys.executable, "-c", code, env={"RAY_RUNTIME_ENV_HOOK": "their.hook"})
     assert result.returncode == 0 and result.stdout.split() == ["their.hook"], result
     assert "RAY_RUNTIME_ENV_HOOK=their.hook is kept" in result.stderr and len(result.stderr.splitlines()) == 1
+
+
+def test_status_lists_every_type_in_100_columns_and_named_ones_in_full():
+    everything = _run("status")
+    assert everything.returncode == 0, everything.stderr
+    lines = everything.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 100
+    rows = {line.split()[0] for line in lines if line and not line.startswith(" ")}
+    known = hfpatch.status()
+    assert set(known) <= rows, sorted(set(known) - rows)[:5]
+    named = _run("status", "gpt2", "llama")
+    assert named.returncode == 0, named.stderr
+    assert max(len(line) for line in named.stdout.splitlines()) <= 100
+    for arch in ("gpt2", "llama"):
+        if known[arch].support in ("tested", "untested newer"):  # patched once its module is imported
+            assert f"{arch}: applied" in named.stdout, named.stdout
+        assert known[arch].target in named.stdout
+    line = _one_line_error(_run("status", "lama"), 2)
+    assert line.startswith("python -m hfpatch status: ") and "did you mean llama" in line, line
+
+
+def _verification(rows, patches=True, not_checked=()):
+    from hfpatch.verification.result import Row, Verification
+
+    return Verification("x", "applied", tuple(Row(*row) for row in rows), (), patches, True, not_checked)
+
+
+NAN = float("nan")
+
+
+@pytest.mark.parametrize(
+    "rows, patches, not_checked, exit_code, says",
+    [
+        ([("a", 0.5, 0.0), ("b", 0.0, 0.0)], True, (), 0, "fixed by hfpatch"),
+        ([("a", 0.5, 0.5)], True, (), 1, "WRONG with hfpatch"),
+        ([("a", 0.0, NAN, "E")], True, (), 1, "WRONG with hfpatch"),  # hfpatch raises, stock runs
+        ([("a", NAN, 0.0, "E")], True, (), 0, "fixed by hfpatch"),  # stock raises, hfpatch runs
+        ([("a", NAN, NAN, "E"), ("b", 0.5, 0.0)], True, (), 2, "where checked; not checked: a"),
+        ([("a", 0.0, 0.0)], False, ("its KV-cached calls",), 2, "not checked: its KV-cached calls"),
+        ([("a", 0.0, 0.0)], False, (), 0, "right on stock (hfpatch does not patch it)"),
+        ([("a", 1.2, 1.2)], False, ("its KV-cached calls",), 1, "wrong on stock"),
+    ],
+)
+def test_verify_exits_0_only_for_what_it_checked(rows, patches, not_checked, exit_code, says):
+    """A scenario that raised on both sides, or calls no scenario could make (a model that returns no KV
+    cache: Mamba on 4.57), are not checked: nothing wrong found is exit 2 then, not 0."""
+    result = _verification(rows, patches, not_checked)
+    assert cli.exit_status(result) == exit_code
+    assert says in result.verdict, result.verdict

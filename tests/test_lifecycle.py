@@ -104,7 +104,11 @@ def test_status_is_structured_and_printable(model, adapter):
     assert entry.target == f"{type(model.base_model).__module__}:{type(model.base_model).__name__}.forward"
     assert entry.state == "applied" and entry.versions in entry.reason
     text = str(status)
-    assert entry.target in text and "applied" in text and str(status.transformers) in text
+    assert str(status.transformers) in text and max(len(line) for line in text.splitlines()) <= 100
+    row = next(i for i, line in enumerate(text.splitlines()) if line.split()[:1] == [arch])
+    assert text.splitlines()[row].split()[1] == "applied"
+    under = " ".join(line.strip() for line in text.splitlines()[row + 1 : row + 4])
+    assert under.startswith(entry.reason[:60])  # its reason, wrapped under it
     with pytest.raises(KeyError, match="known"):
         status["no-such-arch"]
 

@@ -34,29 +34,46 @@ class Verification(NamedTuple):
     notes: tuple[str, ...]
     patches: bool = True  # an adapter of hfpatch patches this model on the installed release
     by_hand: bool = True  # not patched: the second column passed positions by hand (False: it takes none)
+    not_checked: tuple[str, ...] = ()  # kinds of call no scenario could check (its KV-cached calls ...)
 
     @property
     def ok(self) -> bool:
         """What the model gives with hfpatch is exact in every scenario (max |diff| <= 1e-5, fp32): the
-        patched column where hfpatch patches the model, stock's where it does not."""
+        patched column where hfpatch patches the model, stock's where it does not; and every scenario
+        ran (none raised on both sides, none of ``not_checked``)."""
         column = [row.patched if self.patches else row.stock for row in self.rows]
-        return bool(column) and all(value <= TOLERANCE for value in column)
+        return bool(column) and all(value <= TOLERANCE for value in column) and not self.not_checked
+
+    @property
+    def wrong(self) -> bool:
+        """A scenario found the model wrong with hfpatch: beyond the tolerance, or hfpatch raising where
+        stock runs (where both raise, nothing was found)."""
+        if self.patches:
+            return any(row.patched > TOLERANCE or _raised_alone(row.patched, row.stock) for row in self.rows)
+        return any(row.stock > TOLERANCE for row in self.rows)
 
     @property
     def stock_wrong(self) -> bool:
-        return any(not row.stock <= WRONG for row in self.rows)
+        return any(not row.stock <= WRONG for row in self.rows)  # (raising where hfpatch runs: wrong)
 
     @property
     def verdict(self) -> str:
         if not self.rows:
             return "not checked"
         by_hand_ok = all(row.patched <= TOLERANCE for row in self.rows)
+        judged = [(row.patched if self.patches else row.stock, row.scenario) for row in self.rows]
+        unchecked = [scenario for value, scenario in judged if value != value] + list(self.not_checked)
+        partly = f"; not checked: {', '.join(unchecked)}" if unchecked else ""
         if self.patches:
             if self.ok:
                 return "fixed by hfpatch" if self.stock_wrong else "right on stock and with hfpatch"
+            if not self.wrong:
+                return f"exact with hfpatch where checked{partly}"
             return "WRONG with hfpatch"
         if self.ok:
             return "right on stock (hfpatch does not patch it)"
+        if not self.wrong:
+            return f"right on stock where checked (hfpatch does not patch it){partly}"
         if not self.by_hand:
             return "wrong on stock, and hfpatch does not patch it (it takes no positions to pass by hand)"
         if by_hand_ok:
@@ -78,6 +95,11 @@ class Verification(NamedTuple):
         lines += [f"  note: {note}" for note in self.notes]
         lines.append(f"  exact = max|diff| <= {TOLERANCE:g} (fp32, vs each row run alone, unpadded)")
         return "\n".join(lines)
+
+
+def _raised_alone(patched: float, stock: float) -> bool:
+    """hfpatch raised (nan) where stock ran."""
+    return patched != patched and stock == stock
 
 
 def _cell(value: float) -> str:

@@ -104,8 +104,10 @@ def verify(model: Union[str, os.PathLike, Any], static: bool = True) -> Verifica
     if seq2seq and patches and not adapter.family.seq2seq:
         notes.append(f"the {adapter.arch!r} adapter patches the decoder ({adapter.cls}) only: the encoder's "
                      "positions are transformers' (pad encoder inputs on the right)")  # fmt: skip
+    not_checked = ()
     if not any(probe.scenario.cached for probe in probes):
         notes.append("the model returns no KV cache to continue from: the cached scenarios are not probed")
+        not_checked = ("its KV-cached calls",)
     state = entry.state if entry is not None else "unknown to hfpatch"
     by_hand = patches or inputs.positions in inspect.signature(model.forward).parameters
     if not by_hand:
@@ -114,7 +116,7 @@ def verify(model: Union[str, os.PathLike, Any], static: bool = True) -> Verifica
         notes.append(
             f"the {adapter.arch!r} adapter is {entry.state} here: its column is what patched() gives"
         )
-    return Verification(model_type, state, rows, tuple(notes), patches, by_hand)
+    return Verification(model_type, state, rows, tuple(notes), patches, by_hand, not_checked)
 
 
 def _seq2seq_inputs(model: Any, model_type: str) -> Inputs:
