@@ -3,6 +3,7 @@
     nox -s matrix                           # every release (hours: see docs/compatibility.md)
     nox -s "matrix(transformers='4.40.2')"  # one release
     nox -s ci                               # the releases CI runs, strict
+    nox -s corners                          # Python 3.10, 3.13 x torch 2.13 and their newest (CI: newest)
     nox -s integrations                     # peft, trl, accelerate, ray, deepspeed, sentence-transformers,
                                             # processes and launchers (CI runs it)
     nox -s wheel                            # the built wheel, installed as users install it (CI runs it)
@@ -30,6 +31,20 @@ from matrix import CI_RELEASES, NEWEST, RELEASES, TEST_DEPENDENCIES, TORCH, inst
 
 nox.options.sessions = ["matrix"]
 nox.options.error_on_missing_interpreters = True
+# the Pythons the corners need, where pyenv keeps them (this project's machines): after PATH's own
+for _bin in sorted(Path.home().glob(".pyenv/versions/3.1[0-9].*/bin")):
+    os.environ["PATH"] += os.pathsep + str(_bin)
+# the corners of the axes a user has besides transformers (Python, torch), each with the newest
+# transformers that Python installs (5.21+ need Python 3.11) and the newest torch it has (2.15 needs
+# 3.11 too): the oldest Python on the oldest torch and on its newest, the newest Python on both (CI runs
+# the newest of all). torch from the registry is its CUDA build; PIP_CONSTRAINT=/dev/null lifts this
+# machine's cap on torch (2.14.1) for that install
+CORNERS = [
+    ("3.10", "2.13.0", "5.20.2"),
+    ("3.10", "2.14.1", "5.20.2"),
+    ("3.13", "2.13.0", "5.24.0"),
+    ("3.13", "2.15.0", "5.24.0"),
+]
 # current releases, next to the newest transformers
 INTEGRATIONS = ["peft", "trl", "accelerate", "ray[default]", "deepspeed", "sentence-transformers"]
 
@@ -93,6 +108,20 @@ def matrix(session: nox.Session, transformers: str) -> None:
 def ci(session: nox.Session, transformers: str) -> None:
     """The CI subset of the matrix: fresh virtualenvs, and any failing test fails the session."""
     _run_release(session, transformers, strict=True)
+
+
+@nox.session(reuse_venv=False)
+@nox.parametrize(("python", "torch", "transformers"), CORNERS, ids=[f"py{p}-torch{t}" for p, t, _ in CORNERS])
+def corners(session: nox.Session, torch: str, transformers: str) -> None:
+    """The quick suite (the README's test command: pytest's defaults) at a corner of Python x torch."""
+    session.install(f"torch=={torch}", env={"PIP_CONSTRAINT": "/dev/null"})
+    session.install(f"transformers=={transformers}", *TEST_DEPENDENCIES)
+    session.install("--no-deps", "--force-reinstall", str(ROOT))
+    session.run("python", "-c", "import sys, torch, transformers; print(sys.version, torch.__version__, "
+                "transformers.__version__)")  # fmt: skip
+    session.chdir(ROOT)
+    session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", *session.posargs)
+    _free_disk(session)
 
 
 @nox.session(reuse_venv=False)

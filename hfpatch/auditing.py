@@ -21,6 +21,7 @@ import contextlib
 import gc
 import json
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -222,7 +223,7 @@ def audit_this_process(folder: str) -> None:
 def _unknown_types(report: AuditReport) -> dict[str, str]:
     """Model types of the models in memory whose calls the audit does not see (hfpatch does not patch
     them), with why (``status()``'s reason)."""
-    base = engine._pretrained_model()
+    base = getattr(sys.modules.get("transformers.modeling_utils"), "PreTrainedModel", None)
     if base is None:
         return {}
     types = {getattr(getattr(o, "config", None), "model_type", None)

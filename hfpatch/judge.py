@@ -22,10 +22,24 @@ from .packed import packed_rows
 from .positions import new_token_positions, packed_stock_error, stock_error
 from .rope import DYNAMIC, scaled_rope
 from .support import in_range, installed_transformers
-from .windows import CHUNKED, _layer_types, _text_config, _window_of, positional
+from .windows import CHUNKED, layer_types, positional, text_config, window_of
 
-__all__ = ["OWN_POSITIONS", "Watcher", "call_site", "fingerprint", "the_masks_positions"]
+__all__ = [
+    "FP32",
+    "OWN_POSITIONS",
+    "RELATIVE",
+    "WRONG",
+    "Watcher",
+    "call_site",
+    "fingerprint",
+    "the_masks_positions",
+]
 
+FP32 = 1e-5  # the invariant: fp32 (and fp64) outputs within this of the row alone (every check's)
+WRONG = 1e-3  # a difference above this is a wrong result, not float noise (between the two: noise)
+# half precision: relative to the largest |output| of the rows alone (a wrong position changes a tiny
+# model's logits by 0.3 or more; bf16 rounds a correctly shifted rotary row by about 1 % of the largest)
+RELATIVE = {torch.float16: 4e-3, torch.bfloat16: 3e-2}
 ABSOLUTE_HANDS_TO = (TABLE, SINUSOID, PADDED_TABLE)  # decoders whose position module is a table or sinusoid
 INTERNAL = ("transformers", "torch", "hfpatch")  # frames skipped to find a call site
 
@@ -156,13 +170,13 @@ class _Facts:
         self.unjudged: Optional[str] = None
         self.windows: list[Optional[int]] = []
         try:
-            config = _text_config(model)
-            kinds = _layer_types(config)
+            config = text_config(model)
+            kinds = layer_types(config)
         except AttributeError:  # a config without layers (a custom model's): full attention
             kinds = []
         if CHUNKED in kinds:
             self.unjudged = "attention chunks"
-        sizes = [(_window_of(config, kind) or (None, None))[0] for kind in kinds]
+        sizes = [(window_of(config, kind) or (None, None))[0] for kind in kinds]
         self.windows = sizes if any(sizes) else []
         # a release whose window code hfpatch does not read: its own rule (off by one in some), not judged
         self.own_windows = bool(self.windows) and not positional(model, adapter.cls)

@@ -33,10 +33,9 @@ from . import engine
 from ._compat import CACHE_NAMES, output_cache
 from ._context import SHADOW_COUNTS, unwatch, watch
 from .caches import capacity, first_layer_keys, past_length
-from .judge import call_site, fingerprint, the_masks_positions
+from .judge import FP32, RELATIVE, call_site, fingerprint, the_masks_positions
 from .packed import packed_rows
 from .rope import scaled_rope
-from .testing import FP32, RELATIVE
 
 __all__ = ["ShadowMismatch", "ShadowReport", "shadow", "shadow_this_process"]
 

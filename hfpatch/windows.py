@@ -44,10 +44,13 @@ __all__ = [
     "MaskPlan",
     "apply_masks",
     "configured_window",
+    "layer_types",
     "mask_plan",
     "packed_here",
     "positional",
     "smallest_window",
+    "text_config",
+    "window_of",
 ]
 
 SLIDING, CHUNKED, FULL = "sliding_attention", "chunked_attention", "full_attention"
@@ -163,13 +166,13 @@ def apply_masks(
     :func:`hfpatch.positions.segments` of a packed row, over the mask's columns) says several sequences
     share a row. Returns False where the masks stay transformers' for want of a way to build them here
     (the attention, a layer type this does not know, a cache whose sliding layers it cannot keep whole)."""
-    config = _text_config(model)
+    config = text_config(model)
     attention = getattr(config, "_attn_implementation", None)
     flex = attention == FLEX and packed is not None and plan.form == MASK_FUNCTIONS
     if attention not in ATTENTION and not flex:
         return False
-    types = _layer_types(config, plan) if plan.windowed else [FULL]
-    windows = {kind: _window_of(config, kind) for kind in dict.fromkeys(types)}
+    types = layer_types(config, plan) if plan.windowed else [FULL]
+    windows = {kind: window_of(config, kind) for kind in dict.fromkeys(types)}
     if plan.decoder_cache:  # T5Gemma 2 merges each kind with the cross mask, whichever its layers use
         windows.setdefault(FULL, None)
     sizes = [size for size in windows.values() if size is not None]
@@ -245,11 +248,11 @@ def packed_here(model: Any, plan: Optional[MaskPlan]) -> bool:
     where the mask functions take its BlockMask)."""
     if plan is None or not plan.packed:
         return False
-    config = _text_config(model)
+    config = text_config(model)
     attention = getattr(config, "_attn_implementation", None)
     if attention not in ATTENTION and not (attention == FLEX and plan.form == MASK_FUNCTIONS):
         return False
-    kinds = set(_layer_types(config, plan)) if plan.windowed else {FULL}
+    kinds = set(layer_types(config, plan)) if plan.windowed else {FULL}
     return kinds <= set(KNOWN_TYPES) and (len(kinds) == 1 or plan.takes_mask_dict)
 
 
@@ -257,11 +260,11 @@ def positional(model: Any, cls: str) -> bool:
     """Whether hfpatch decides ``model``'s windows by position: its module of class ``cls`` (the patched
     one) builds windowed masks hfpatch can replace, for layer types it knows, in eager or SDPA attention."""
     owner = _owner(model, cls)
-    config = _text_config(model)
+    config = text_config(model)
     plan = mask_plan(owner) if owner is not None else None
     if plan is None or not plan.windowed:
         return False
-    kinds = set(_layer_types(config, plan))
+    kinds = set(layer_types(config, plan))
     return (
         getattr(config, "_attn_implementation", None) in ATTENTION
         and kinds <= set(KNOWN_TYPES)
@@ -272,17 +275,17 @@ def positional(model: Any, cls: str) -> bool:
 def smallest_window(model: Any, cls: Optional[str] = None) -> Optional[int]:
     """The smallest sliding window or attention chunk of a model's layers, or None (``cls``: the patched
     class, whose mask code may apply a window its config switches off)."""
-    config = _text_config(model)
+    config = text_config(model)
     owner = _owner(model, cls) if cls else None
-    types = _layer_types(config, mask_plan(owner) if owner is not None else None)
-    sizes = [size for kind in set(types) for size in _window_of(config, kind) or () if size]
+    types = layer_types(config, mask_plan(owner) if owner is not None else None)
+    sizes = [size for kind in set(types) for size in window_of(config, kind) or () if size]
     return min(sizes) if sizes else None
 
 
 def configured_window(model: Any) -> Optional[int]:
     """The smaller of the sliding window and attention chunk a model's config sets, whichever layers
     (if any) use them: what a release's mask code may apply, where hfpatch does not read it."""
-    config = _text_config(model)
+    config = text_config(model)
     sizes = [getattr(config, name, None) for name in ("sliding_window", "attention_chunk_size")]
     sizes = [size for size in sizes if isinstance(size, int) and size > 0]
     return min(sizes) if sizes else None
@@ -293,7 +296,7 @@ def _owner(model: Any, cls: str) -> Optional[type]:
     return next((type(m) for m in model.modules() if type(m).__name__ == cls), None)
 
 
-def _text_config(model: Any) -> Any:
+def text_config(model: Any) -> Any:
     """The config of the decoder's layers: a multimodal model's text config, an encoder-decoder model's
     decoder config (4.53-4.56's ``get_text_config`` returns T5Gemma's whole config: its ``decoder``)."""
     get = getattr(model.config, "get_text_config", None)
@@ -304,7 +307,7 @@ def _text_config(model: Any) -> Any:
     return config
 
 
-def _layer_types(config: Any, plan: Optional[MaskPlan] = None) -> list[str]:
+def layer_types(config: Any, plan: Optional[MaskPlan] = None) -> list[str]:
     types = getattr(config, "layer_types", None)
     count = config.num_hidden_layers
     if types is None:
@@ -317,7 +320,7 @@ def _layer_types(config: Any, plan: Optional[MaskPlan] = None) -> list[str]:
     return list(types[:count])
 
 
-def _window_of(config: Any, kind: str) -> Optional[tuple[Optional[int], Optional[int]]]:
+def window_of(config: Any, kind: str) -> Optional[tuple[Optional[int], Optional[int]]]:
     """(sliding window, chunk) of a layer type, or None for a full-attention one."""
     if kind == SLIDING and getattr(config, "sliding_window", None):
         return config.sliding_window, None

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from hfpatch.verification.tiny import INIT, SIZES, _shrunk
+from hfpatch.verification.tiny import INIT, SIZES, shrunk_config
 
 _COUNT = itertools.count()
 # model type: (its package in transformers.models, the prefix of its class names)
@@ -70,7 +70,7 @@ def classes(module: Any, suffix: str) -> Any:
 
 def tiny(config_class: type, **extra: Any) -> Any:
     """A tiny config of a copy; windows wider than the tests' rows (positions are what is measured)."""
-    config = _shrunk(
+    config = shrunk_config(
         config_class, config_class(), {}, {**SIZES, "sliding_window": 64, "attention_chunk_size": 64}
     )
     config.initializer_range = INIT

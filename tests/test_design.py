@@ -135,6 +135,61 @@ def test_only_the_ledger_changes_classes():
     assert not offenders, f"class attributes changed outside the ledger: {offenders}"
 
 
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def test_no_module_reaches_into_another_ones_privates():
+    """A room is used through its public names: no ``from .x import _y``, no ``x._y`` on an imported
+    hfpatch module (a private name is free to change with its own module)."""
+    offenders = []
+    for name, path in MODULES.items():
+        tree = ast.parse(path.read_text())
+        modules = set()  # local names bound to hfpatch modules
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("hfpatch")):
+                for alias in node.names:
+                    if _private(alias.name):
+                        offenders.append(f"{name}:{node.lineno} imports {alias.name}")
+                    modules.add(alias.asname or alias.name)  # a module or not: checked below by use
+            elif isinstance(node, ast.Import):
+                modules.update(a.asname or a.name for a in node.names if a.name.startswith("hfpatch"))
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and _private(node.attr)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in modules
+                and f"hfpatch.{node.value.id}" in MODULES
+            ):
+                offenders.append(f"{name}:{node.lineno} uses {node.value.id}.{node.attr}")
+    assert not offenders, offenders
+
+
+RUNTIME = sorted(
+    name
+    for name in MODULES
+    if not name.startswith(("hfpatch.testing", "hfpatch.verification", "hfpatch.cli"))
+)
+
+
+def test_the_runtime_never_imports_the_test_helpers():
+    """What runs in a user's process (the patch, the audit, the shadow, the launcher) imports nothing of
+    ``hfpatch.testing`` (pytest's helpers and the scenarios); of ``hfpatch.verification`` only the check
+    of a class outside transformers on a tiny copy, where the package hands it to the engine."""
+    offenders = []
+    for name in RUNTIME:
+        for target in _imports(name):
+            if target.startswith("hfpatch.testing"):
+                offenders.append(f"{name} -> {target}")
+            elif target.startswith("hfpatch.verification") and (name, target) != (
+                "hfpatch",
+                "hfpatch.verification.classes",
+            ):
+                offenders.append(f"{name} -> {target}")
+    assert not offenders, offenders
+
+
 @pytest.mark.parametrize("adapter", list(hfpatch.registry().values()), ids=list(hfpatch.registry()))
 def test_declarations_match_the_code_that_reads_them(adapter):
     """A family that hands its positions on has a receiver in the code and in the adapter, and only

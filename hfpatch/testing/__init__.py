@@ -24,6 +24,7 @@ from typing import Any, Callable, NamedTuple, Optional
 import torch
 
 from .._compat import cache_name
+from ..judge import FP32, RELATIVE
 from ..rope import scaled_rope
 from ..verification.load import check_causal, check_runs, first_line, is_multimodal
 from ..verification.result import CannotVerify
@@ -70,10 +71,6 @@ class CannotCheck(Exception):
 
 
 FAMILIES = (PADDING, CACHED, STATIC, WINDOW, ROPE, PACKED)
-# half precision: relative to the largest |output| of the rows alone (a wrong position changes a tiny
-# model's logits by 0.3 or more; bf16 rounds a correctly shifted rotary row by about 1 % of the largest)
-RELATIVE = {torch.float16: 4e-3, torch.bfloat16: 3e-2}
-FP32 = 1e-5  # the invariant: fp32 (and fp64) outputs within this of the row alone
 NOISE_CAP = (
     1e-4  # the most fp32 noise a scenario's control may raise its tolerance to (a wrong position: 1e-2+)
 )

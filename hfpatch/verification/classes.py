@@ -13,7 +13,7 @@ from ..windows import configured_window, positional
 from .load import first_line
 from .result import TOLERANCE, WRONG
 from .run import verify
-from .tiny import INIT, SIZES, WIDE, _shrunk
+from .tiny import INIT, SIZES, WIDE, shrunk_config
 
 __all__ = ["MAX_PARAMETERS", "check", "tiny_copy", "verdict"]
 
@@ -44,7 +44,7 @@ def tiny_copy(cls: type) -> Any:
         raise ValueError("no config_class to build a tiny copy from")
 
     def build(sizes: dict) -> Any:
-        config = _shrunk(config_class, config_class(), {}, sizes)
+        config = shrunk_config(config_class, config_class(), {}, sizes)
         if getattr(config, "initializer_range", None) is not None:
             config.initializer_range = INIT
         with torch.device("meta"):

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-__all__ = ["TOLERANCE", "WRONG", "CannotVerify", "Row", "Verification"]
+from ..judge import FP32 as TOLERANCE  # fp32, max |difference| at any real token: exact
+from ..judge import WRONG
 
-TOLERANCE = 1e-5  # fp32, max |difference| at any real token: exact (the one tolerance of every check)
-WRONG = 1e-3  # a difference above this is a wrong result, not float noise (between the two: noise)
+__all__ = ["TOLERANCE", "WRONG", "CannotVerify", "Row", "Verification"]
 
 
 class CannotVerify(ValueError):

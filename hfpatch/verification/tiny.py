@@ -21,6 +21,7 @@ __all__ = [
     "WIDE",
     "MULTIMODAL_OVERRIDES",
     "seq2seq_auto_class",
+    "shrunk_config",
     "tiny_config",
     "tiny_model",
     "tiny_multimodal",
@@ -129,7 +130,7 @@ def tiny_config(model_type: str, sizes: Optional[dict[str, Any]] = None) -> Any:
         # an alias that wraps the patched text model: the adapter's own overrides are for its text config
         text = {key: overrides.pop(key) for key in list(overrides) if key not in _SUB_CONFIGS}
         overrides["text_config"] = {**text, **overrides.get("text_config", {})}
-    return _shrunk(type(default), default, overrides, {**SIZES, **(sizes or {})})
+    return shrunk_config(type(default), default, overrides, {**SIZES, **(sizes or {})})
 
 
 def tiny_model(
@@ -200,7 +201,7 @@ def tiny_multimodal(model_type: str, seed: int = 0, attention: Optional[str] = N
 
     default = transformers.AutoConfig.for_model(model_type)
     overrides = copy.deepcopy(MULTIMODAL_OVERRIDES.get(model_type, {}))
-    config = _shrunk(type(default), default, overrides, dict(SIZES))
+    config = shrunk_config(type(default), default, overrides, dict(SIZES))
     if attention is not None:
         config._attn_implementation = attention
         for name in _SUB_CONFIGS:
@@ -255,7 +256,7 @@ def tiny_seq2seq(model_type: str, seed: int = 0, attention: Optional[str] = None
 
     default = transformers.AutoConfig.for_model(model_type)
     fields = {**SEQ2SEQ_OVERRIDES.get(model_type, {}), **overrides}
-    config = _shrunk(
+    config = shrunk_config(
         type(default), default, copy.deepcopy(fields), {**SIZES, **SEQ2SEQ_SIZES}, _SEQ2SEQ_SUB_CONFIGS
     )
     if attention is not None:
@@ -276,7 +277,7 @@ def seq2seq_auto_class(model_type: str) -> Any:
     )
 
 
-def _shrunk(
+def shrunk_config(
     config_class: type,
     default: Any,
     overrides: dict,
@@ -294,7 +295,8 @@ def _shrunk(
     for name in sub_configs:
         sub = _field(default, name)
         if sub is not None and hasattr(sub, "to_dict"):
-            kwargs[name] = _shrunk(type(sub), sub, overrides.pop(name, {}), sizes, sub_configs).to_dict()
+            shrunk = shrunk_config(type(sub), sub, overrides.pop(name, {}), sizes, sub_configs)
+            kwargs[name] = shrunk.to_dict()
         elif sub is None and name not in params:
             overrides.pop(name, None)  # a sub-config override for the wrapper an alias has (see tiny_config)
     kwargs.update(overrides)
