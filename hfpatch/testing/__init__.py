@@ -41,15 +41,13 @@ from ..verification.scenarios import (
     WINDOW,
     Probe,
     Scenario,
-    cache_inputs,
     is_seq2seq,
+    model_probes,
     probes,
     rows_of,
     run_alone,
     run_batch,
     seq2seq_inputs,
-    static_cache,
-    takes_static_cache,
 )
 from ..windows import configured_window
 
@@ -290,31 +288,24 @@ def _model_probes(
     elif not check_causal(model, model_type, prefix_lm=is_multimodal(model)):
         inputs = inputs._replace(prefix_lm=True)
         notes.append("none: a prefix LM, each row alone runs through the same cached calls")
-    cached = cache_inputs(model, inputs)
-    if cached is None:
-        notes.append("the cached scenarios: the model returns no KV cache")
-    inputs = cached or inputs
-    factory = None
-    if STATIC in wanted and cached is not None and takes_static_cache(model, inputs):
-        factory = lambda batch, slots: static_cache(model, batch, slots)  # noqa: E731
-    elif STATIC in wanted and cached is not None:
-        notes.append("static: the model takes no StaticCache here")
     packs = not seq2seq and not inputs.prefix_lm
     if PACKED in wanted and not packs:
         notes.append("packed: " + ("an encoder-decoder model's decoder" if seq2seq else "a prefix LM"))
     chosen = scenarios if scenarios is not None else (*SCENARIOS, *MORE_SCENARIOS, *PACKED_SCENARIOS)
-    found = probes(
+    found = model_probes(
+        model,
         chosen,
         inputs,
-        cached=cached is not None,
-        prefix="decoder: " if seq2seq else "",
-        static=factory,
-        static_width=not seq2seq,
+        static=STATIC in wanted,
         window=configured_window(model) if WINDOW in wanted else None,
         rope=scaled_rope(model) if ROPE in wanted and not seq2seq else None,
         packs=packs,
     )
-    return [probe for probe in found if probe.family in wanted]
+    if not found.cached:
+        notes.append("the cached scenarios: the model returns no KV cache")
+    elif STATIC in wanted and not found.takes_static:
+        notes.append("static: the model takes no StaticCache here")
+    return [probe for probe in found.probes if probe.family in wanted]
 
 
 def _vocab(model: Any) -> int:

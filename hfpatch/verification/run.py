@@ -7,7 +7,6 @@ threads using the same model meanwhile keep what they had.
 
 from __future__ import annotations
 
-import functools
 import inspect
 import os
 from typing import Any, Optional, Union
@@ -32,15 +31,12 @@ from .scenarios import (
     Inputs,
     PositionsByHand,
     Probe,
-    cache_inputs,
     is_seq2seq,
-    probes,
+    model_probes,
     rows_of,
     run_alone,
     run_batch,
     seq2seq_inputs,
-    static_cache,
-    takes_static_cache,
 )
 
 __all__ = ["verify"]
@@ -177,27 +173,12 @@ def _decoder_takes_positions(adapter: Optional[Adapter]) -> bool:
 def _probes(model: Any, adapter: Optional[Adapter], static: bool, inputs: Inputs) -> list[Probe]:
     """Each scenario this model can run (the oracle's: hfpatch.testing runs the same), past its window
     wherever its config sets one (decided by position or not), rope scaling of decoder-only models."""
-    seq2seq = is_seq2seq(model)
-    cached = cache_inputs(model, inputs)
-    inputs = cached if cached is not None else inputs
-    factory = None
-    if static and cached is not None and takes_static_cache(model, inputs):
-        factory = functools.partial(static_cache, model)
     if adapter is not None and positional(model, adapter.cls):
         window = smallest_window(model, adapter.cls)
     else:  # transformers' own window (a declared limit where it is by cache column): probed all the same
         window = configured_window(model)
-    return probes(
-        (*SCENARIOS, *MORE_SCENARIOS),
-        inputs,
-        cached=cached is not None,
-        prefix="decoder: " if seq2seq else "",
-        static=factory,
-        # decoder-only: a mask of every slot (a compiled decode loop's); a decoder: of past + new (generate's)
-        static_width=not seq2seq,
-        window=window,
-        rope=None if seq2seq else scaled_rope(model),  # rope scaling of a decoder: not probed yet
-    )
+    rope = None if is_seq2seq(model) else scaled_rope(model)  # rope scaling of a decoder: not probed yet
+    return model_probes(model, (*SCENARIOS, *MORE_SCENARIOS), inputs, static, window, rope).probes
 
 
 def _encoder_probes(model: Any, decoder: Inputs, notes: list[str]) -> list[Probe]:

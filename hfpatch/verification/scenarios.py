@@ -30,6 +30,8 @@ __all__ = [
     "cache_inputs",
     "encoder_input",
     "is_seq2seq",
+    "ModelProbes",
+    "model_probes",
     "outputs",
     "rows_of",
     "run_batch",
@@ -158,6 +160,46 @@ def probes(
         crossing = Scenario(name, lengths, (lengths,), ((False, False),), cached=False)
         found.append(Probe(crossing.name, crossing, inputs=inputs, family=ROPE))
     return found
+
+
+class ModelProbes(NamedTuple):
+    """What :func:`model_probes` found: the probes, whether the model returns a KV cache (else no
+    cached scenario is among them), and whether it takes a StaticCache (where one was asked for)."""
+
+    probes: list[Probe]
+    cached: bool
+    takes_static: bool
+
+
+def model_probes(
+    model: Any,
+    scenarios: Sequence[Scenario],
+    inputs: Any,
+    static: bool,
+    window: Optional[int] = None,
+    rope: Optional[tuple[str, int]] = None,
+    packs: bool = True,
+) -> ModelProbes:
+    """The probes of ``model`` (for ``verify`` and ``hfpatch.testing`` alike): its cached scenarios
+    where it returns a cache, the StaticCache one where ``static`` asks and it takes one (a mask of every
+    slot for a decoder-only model, of past + new for a decoder, as generate() gives each), and those of
+    :func:`probes`; an encoder-decoder model's decoder scenarios are named so."""
+    seq2seq = is_seq2seq(model)
+    cached = cache_inputs(model, inputs)
+    inputs = cached if cached is not None else inputs
+    takes = static and cached is not None and takes_static_cache(model, inputs)
+    found = probes(
+        scenarios,
+        inputs,
+        cached=cached is not None,
+        prefix="decoder: " if seq2seq else "",
+        static=functools.partial(static_cache, model) if takes else None,
+        static_width=not seq2seq,
+        window=window,
+        rope=rope,
+        packs=packs,
+    )
+    return ModelProbes(found, cached is not None, takes)
 
 
 STATIC_SLOTS = 16
