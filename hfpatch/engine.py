@@ -185,10 +185,14 @@ class Status(Mapping):
         rows = [("arch", "state", "support", "packed")]
         rows += [(a.arch, a.state, a.support, a.packed.split(" ")[0].rstrip(":")) for a in self.adapters]
         widths = [max(len(row[i]) for row in rows) for i in range(4)]
+        widths[0] = min(widths[0], 40)  # a longer model type (a class of the user's) has a line of its own
         lines = [f"transformers {self.transformers or 'not installed'}"]
         if self.applied_by:
             lines.append(f"applied by {self.applied_by}")
         for row, entry in zip(rows, (None, *self.adapters)):
+            if len(row[0]) > widths[0]:
+                lines.append(row[0])
+                row = ("", *row[1:])
             lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)))
             if entry is not None and entry.reason:
                 lines += textwrap.wrap(entry.reason, 100, initial_indent="    ", subsequent_indent="    ")

@@ -106,6 +106,7 @@ def test_status_is_structured_and_printable(model, adapter):
     text = str(status)
     assert str(status.transformers) in text and max(len(line) for line in text.splitlines()) <= 100
     row = next(i for i, line in enumerate(text.splitlines()) if line.split()[:1] == [arch])
+    # (a model type of 41 characters or more: on a line of its own, its cells on the next)
     assert text.splitlines()[row].split()[1] == "applied"
     under = " ".join(line.strip() for line in text.splitlines()[row + 1 : row + 4])
     assert under.startswith(entry.reason[:60])  # its reason, wrapped under it
