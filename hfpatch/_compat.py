@@ -11,7 +11,8 @@ cannot trace an import from transformers' lazy module.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any, Optional
 
 import torch
 

@@ -20,7 +20,8 @@ that runs inside a call reads it from here.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any, Optional
 
 __all__ = [
     "CALL",

@@ -26,9 +26,9 @@ import threading
 import types
 import warnings
 import weakref
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import MappingProxyType
-from typing import Any, Callable, NamedTuple, Optional, Union
+from typing import Any, NamedTuple, Optional, Union
 
 from . import custom
 from ._context import CALL, PACKED, SHADOW_COUNTS, Pin, close_block, open_block

@@ -32,7 +32,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import warnings
-from typing import Any, Callable, NamedTuple, Optional, Union
+from collections.abc import Callable
+from typing import Any, NamedTuple, Optional, Union
 
 import torch
 from torch import Tensor

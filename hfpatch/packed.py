@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import functools
 import warnings
-from typing import Any, Callable, NamedTuple, Optional
+from collections.abc import Callable
+from typing import Any, NamedTuple, Optional
 
 import torch
 from torch import Tensor

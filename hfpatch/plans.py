@@ -14,7 +14,8 @@ per-call path holds only what a call can change:
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, NamedTuple, Optional
+from collections.abc import Callable
+from typing import Any, NamedTuple, Optional
 
 from ._compat import CACHE_NAMES, attaches_static_caches
 from .declarations import Adapter

@@ -31,7 +31,8 @@ from __future__ import annotations
 import functools
 import inspect
 import threading
-from typing import Any, Callable, NamedTuple, Optional
+from collections.abc import Callable
+from typing import Any, NamedTuple, Optional
 
 import torch
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Mapping
-from typing import Any, Callable, Optional, Union
+from collections.abc import Callable, Mapping
+from typing import Any, Optional, Union
 
 from . import engine
 from .launcher import (

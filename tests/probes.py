@@ -5,7 +5,8 @@ JUnit properties. compat/evidence.py reads only these (no test names, no message
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, NoReturn, Optional
+from collections.abc import Callable
+from typing import Any, NoReturn, Optional
 
 import pytest
 

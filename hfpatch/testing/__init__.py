@@ -18,8 +18,8 @@ hypothesis strategies for scenarios of your own.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterable, Sequence
-from typing import Any, Callable, NamedTuple, Optional
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, NamedTuple, Optional
 
 import torch
 

@@ -9,7 +9,8 @@ Importing this module imports neither torch nor transformers: pytest loads it in
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 

@@ -6,8 +6,8 @@ an :class:`Inputs`."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
-from typing import Any, Callable, NamedTuple, Optional
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple, Optional
 
 import torch
 
