@@ -18,7 +18,7 @@ import json
 import custom_models
 import pytest
 import torch
-from probes import both_sides, custom_type, judge_custom, skip
+from probes import both_sides, custom_type, exact_where_run, judge_custom, skip
 
 import hfpatch
 from hfpatch.engine import custom_adapter
@@ -156,7 +156,7 @@ def test_custom_model_rows_equal_themselves_alone(kind, how, apply_first, tmp_pa
     assert all(entry.state == "applied" for entry in states.values()), states
     result = hfpatch.verify(model)
     judge_custom(probe, list(sides.values()), applied, result)
-    assert result.ok and result.patches, str(result)
+    assert exact_where_run(result), str(result)
 
 
 def _patched_here() -> str:

@@ -31,6 +31,7 @@ COLUMN_WINDOW_BAD = (
     "{} decides its sliding window by cache column: past the window, a hole from a padded cached prefix stays "
     "wrong with the right positions ({} off with hfpatch on a tiny model), so it is not patched"
 )
+OLD_MASK = "transformers' 4-D mask of these releases"  # _prepare_4d_causal_attention_mask(sliding_window=...)
 NOT_VERIFIED = "hfpatch's tiny {} model {} on these releases: no evidence either way"
 COLUMN_WINDOW = (
     "sliding window: {} decides it by cache column, so a hole from a padded cached prefix inside the "
@@ -129,8 +130,8 @@ ADAPTERS = (
     Adapter("minimax_m3_vl_text", "MiniMaxM3VLTextModel", ROTARY, "5.12", package="minimax_m3_vl"),
     Adapter("ministral", "MinistralModel", ROTARY, "4.57"),
     Adapter("ministral3", "Ministral3Model", ROTARY, "5.0"),
-    Adapter("mistral", "MistralModel", ROTARY, "4.34", known_bad=((">=4.37,<4.39", MASK_437),)),
-    Adapter("mixtral", "MixtralModel", ROTARY, "4.36", known_bad=((">=4.37,<4.39", MASK_437),)),
+    Adapter("mistral", "MistralModel", ROTARY, "4.34", known_bad=((">=4.34,<4.37", COLUMN_WINDOW_BAD.format(OLD_MASK, "0.45-0.50")), (">=4.37,<4.39", MASK_437), (">=4.40,<4.42", COLUMN_WINDOW_BAD.format(OLD_MASK, "0.40")))),
+    Adapter("mixtral", "MixtralModel", ROTARY, "4.36", known_bad=((">=4.36,<4.37", COLUMN_WINDOW_BAD.format(OLD_MASK, "0.80")), (">=4.37,<4.39", MASK_437))),
     Adapter("mllama", "MllamaTextModel", ROTARY, "5.0"),
     Adapter("modernbert-decoder", "ModernBertDecoderModel", ROTARY, "4.54"),
     Adapter("moshi", "MoshiModel", ROTARY, "5.18", known_bad=((">=5.18", COLUMN_WINDOW_BAD.format("its sliding cache (dropping keys)", "0.94")),)),
@@ -147,8 +148,8 @@ ADAPTERS = (
     Adapter("phi3", "Phi3Model", ROTARY, "4.41"),
     Adapter("phi4_multimodal", "Phi4MultimodalModel", ROTARY, "5.1"),
     Adapter("phimoe", "PhimoeModel", ROTARY, "4.46"),
-    Adapter("qwen2", "Qwen2Model", ROTARY, "4.39", aliases=("got_ocr2",)),
-    Adapter("qwen2_moe", "Qwen2MoeModel", ROTARY, "4.40"),
+    Adapter("qwen2", "Qwen2Model", ROTARY, "4.39", aliases=("got_ocr2",), known_bad=((">=4.40,<4.42", COLUMN_WINDOW_BAD.format(OLD_MASK, "0.58")),)),
+    Adapter("qwen2_moe", "Qwen2MoeModel", ROTARY, "4.40", known_bad=((">=4.40,<4.42", COLUMN_WINDOW_BAD.format(OLD_MASK, "0.43")),)),
     Adapter("qwen3", "Qwen3Model", ROTARY, "4.51", aliases=("moss_transcribe_diarize",)),
     Adapter("qwen3_moe", "Qwen3MoeModel", ROTARY, "4.51"),
     Adapter("seed_oss", "SeedOssModel", ROTARY, "4.56"),
