@@ -563,12 +563,39 @@ def _patched_on(adapter, release: str, model_type: str = "") -> bool:
 
 
 def _commits(summary: dict) -> str:
-    """The commits whose code the evidence comes from, with how many releases each ran on."""
+    """The commits whose code the evidence comes from, with how many releases each ran on, and the
+    runtime changes (commits to ``hfpatch/``) each is behind the newest of them."""
     counts: Counter = Counter()
     for entry in summary.values():
         for commit in dict.fromkeys([*entry["code"].get("suite", []), *entry["code"].get("probe", [])]):
             counts[commit] += 1
-    return ", ".join(f"`{commit}` ({n})" for commit, n in counts.items()) or "(not recorded)"
+    if not counts:
+        return "(not recorded)"
+    behind = _runtime_commits_behind(list(counts))
+    newest = min(behind, key=behind.get) if behind else None
+    cells = []
+    for commit, n in counts.items():
+        after = behind.get(commit)
+        later = "" if after is None or commit == newest else f", {after} runtime commits before `{newest}`"
+        cells.append(f"`{commit}` ({n}{later})")
+    return ", ".join(cells)
+
+
+def _runtime_commits_behind(commits: list[str]) -> dict[str, int]:
+    """For each of ``commits``: how many commits that change ``hfpatch/`` lie between it and the newest of
+    them (git history; empty where it cannot be read, as in a copy without it)."""
+    import subprocess
+
+    def count(revisions: str) -> int | None:
+        done = subprocess.run(["git", "rev-list", "--count", revisions, "--", "hfpatch"], cwd=HERE.parent,
+                              capture_output=True, text=True)  # fmt: skip
+        return int(done.stdout) if done.returncode == 0 and done.stdout.strip().isdigit() else None
+
+    ahead = {commit: count(commit) for commit in commits}  # runtime commits up to each
+    if any(value is None for value in ahead.values()):
+        return {}
+    top = max(ahead.values())
+    return {commit: top - value for commit, value in ahead.items()}
 
 
 def _num(value: float | None) -> str:
