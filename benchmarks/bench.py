@@ -1203,7 +1203,7 @@ def main() -> None:
 
     setup = (
         f"{platform.machine()}, Python {platform.python_version()}, torch {torch.__version__}, "
-        f"transformers {transformers.__version__}, one torch thread"
+        f"transformers {transformers.__version__}, one torch thread unless said below"
     )
     old = _sections_of(Path(args.out).read_text()) if Path(args.out).exists() else {}
     lines = [
