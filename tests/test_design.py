@@ -203,3 +203,34 @@ def test_declarations_match_the_code_that_reads_them(adapter):
     assert adapter.receiver is not None, f"{adapter.arch}: {family.hands_to!r} needs a receiver class"
     relative = family.hands_to == "relative bias"
     assert (family.position_module is None) == relative, "the relative bias is every layer's"
+
+
+def _writes_attributes(tree: ast.AST) -> bool:
+    """``setattr(...)`` or ``x.__dict__[...] = ...`` anywhere in ``tree``."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr":
+            return True
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                if (
+                    isinstance(target, ast.Subscript)
+                    and isinstance(target.value, ast.Attribute)
+                    and target.value.attr == "__dict__"
+                ):
+                    return True
+    return False
+
+
+def test_every_change_outside_the_ledger_is_listed():
+    """Modules that set attributes on objects other than their own (caches, masks, rotary modules,
+    instances a descriptor serves, hooked models) are those docs/how-it-works.md lists under "What
+    hfpatch changes outside the ledger", each by its file."""
+    writers = {name for name, path in MODULES.items() if _writes_attributes(ast.parse(path.read_text()))}
+    listed = (PACKAGE.parent / "docs" / "how-it-works.md").read_text()
+    listed = listed.split("## What hfpatch changes outside the ledger")[1].split("\n## ")[0]
+    unlisted = sorted(
+        name
+        for name in writers - {"hfpatch.patches"}  # the ledger itself
+        if f"`{name.rpartition('.')[2]}.py`" not in listed and f"`{name.rpartition('.')[2]}." not in listed
+    )
+    assert not unlisted, f"these modules change objects, and docs/how-it-works.md does not say so: {unlisted}"
