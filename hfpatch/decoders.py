@@ -30,10 +30,12 @@ A layer recomputed in the backward pass by activation checkpointing runs after t
 slot has returned. transformers' own checkpoint function carries the slot into the recomputation
 (:class:`hfpatch._context.CarryContext`); any other (torch's ``checkpoint_wrapper``, as FSDP and
 accelerate apply it, a plain ``torch.utils.checkpoint`` of a block, DeepSpeed's) recomputes the layer
-with its arguments only. So the relative-bias layer also takes the hand-off from its own arguments
-where it is recomputed without one (no slot, inside a backward pass, the adapter patched in this
-thread): its 4-D mask's last query row sees exactly the real keys of the 2-D mask it was made from
-(causal or not; a row of pads only is masked whole), which give the same positions as the slot had.
+with its arguments only. So the relative-bias layer makes its bias from its arguments alone wherever
+a recomputation could differ: with no slot in training mode (eager, the adapter patched in this
+thread) it takes the hand-off from its own 4-D mask, whose last query row sees exactly the real keys
+of the 2-D mask it was made from (causal or not; a row of pads only is masked whole), the same
+positions the slot would hold; with a slot but no mask (no padding) it runs stock. Either way the
+forward pass and any recomputation compute the same bias.
 
 Elsewhere (no slot, another module, a shape that does not match), the original runs unchanged.
 Compile-safe: a thread-local read, an identity test and shapes; no ``.item()``, no branch on tensor
