@@ -18,13 +18,15 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # its cases: the property tests' generator
 
 import hfpatch  # noqa: E402
+from compat.vocabulary import FLAGSHIPS  # noqa: E402
 from hfpatch.support import release_has  # noqa: E402
 from hfpatch.verification.tiny import tiny_model  # noqa: E402
 
-from expectations import FLAGSHIPS  # noqa: E402
 from harness import TOLERANCE, max_diff, random_case, run_padded  # noqa: E402
 
 

@@ -10,7 +10,7 @@ A run's commit is read from FILE.commit beside it (the matrix scripts write it).
 What a test found is read from the JUnit properties the tests record, never from names or messages:
 
 - a release-probe test (tests/probes.py) records ``probe_type``, ``attention``, ``kind`` (``exact`` or
-  why not, tests/expectations.py) and the largest ``stock`` and ``hfpatch`` differences;
+  why not, compat/vocabulary.py) and the largest ``stock`` and ``hfpatch`` differences;
 - a full-suite test records ``invariant`` (its marker: the report's column) and ``arch`` (its flagship).
 
 Each file holds every test's last result, test by test: a later run's result of a test replaces the
@@ -29,6 +29,9 @@ from typing import Any, Optional
 
 HERE = Path(__file__).resolve().parent
 FOLDER = HERE / "evidence"
+sys.path.insert(0, str(HERE.parent))
+
+from compat.vocabulary import ProbeRow, SuiteRow, as_list  # noqa: E402
 
 
 def read_junit(path: Path) -> list[dict[str, Any]]:
@@ -80,17 +83,17 @@ def merge(
         if record["outcome"] == "skip" and key in entries:
             continue  # a skip replaces nothing
         sections.add(section)
-        if section == "probe":  # [model type, attention, kind, stock, hfpatch]: the kind says the outcome
-            numbers = [_number(properties.get(name)) for name in ("stock", "hfpatch")]
-            while numbers and numbers[-1] is None:
-                numbers.pop()
-            entries[key] = [properties["probe_type"], properties.get("attention", "eager"),
-                            properties.get("kind", ""), *numbers]  # fmt: skip
-        else:  # [pass, fail or the skip's reason (an index in "reasons"), flagship, invariant]
+        if section == "probe":  # the kind says the outcome
+            row: tuple = ProbeRow(
+                properties["probe_type"], properties.get("attention", "eager"), properties.get("kind", ""),
+                _number(properties.get("stock")), _number(properties.get("hfpatch")),
+            )  # fmt: skip
+        else:  # a skip: the index of its reason in "reasons"
             outcome = (
                 _reason(evidence, record["message"]) if record["outcome"] == "skip" else record["outcome"]
             )
-            entries[key] = [outcome, properties.get("arch", ""), properties.get("invariant", "")]
+            row = SuiteRow(outcome, properties.get("arch", ""), properties.get("invariant", ""))
+        entries[key] = as_list(row)
     for section in sorted(sections):
         if commit and commit not in evidence["code"][section]:
             evidence["code"][section].append(commit)

@@ -20,14 +20,11 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE.parent / "tests"))
 
 from packaging.version import Version  # noqa: E402
 
 import hfpatch  # noqa: E402
-from hfpatch.support import KNOWN_BAD, TESTED, support  # noqa: E402
-
-from expectations import (  # noqa: E402
+from compat.vocabulary import (  # noqa: E402
     ABSENT,
     CLASS_DIFFERS,
     CUSTOM,
@@ -43,7 +40,11 @@ from expectations import (  # noqa: E402
     STOCK_FAILS,
     STOCK_RIGHT,
     WRONG_WITH_POSITIONS,
+    ProbeRow,
+    SuiteRow,
 )
+from hfpatch.support import KNOWN_BAD, TESTED, support  # noqa: E402
+
 from matrix import RELEASES, TORCH  # noqa: E402
 
 REGISTRY = dict(hfpatch.registry())
@@ -70,10 +71,11 @@ def suite_cells(evidence: dict) -> dict:
     """{arch or "any": {invariant or "other": (state, reason)}}: pass, fail, or n/a (all skipped)."""
     grouped: dict = {}
     for entries in evidence.get("suite", {}).values():
-        for outcome, arch, invariant in entries.values():
-            reason = evidence["reasons"][outcome] if isinstance(outcome, int) else ""
-            state = "skip" if isinstance(outcome, int) else outcome
-            grouped.setdefault(arch or "any", {}).setdefault(invariant or "other", []).append((state, reason))
+        for row in (SuiteRow(*values) for values in entries.values()):
+            skipped = isinstance(row.outcome, int)
+            reason, state = (evidence["reasons"][row.outcome], "skip") if skipped else ("", row.outcome)
+            column = grouped.setdefault(row.arch or "any", {}).setdefault(row.invariant or "other", [])
+            column.append((state, reason))
     cells: dict = {}
     for arch, columns in grouped.items():
         for column, results in columns.items():
@@ -96,13 +98,15 @@ def probe_cells(evidence: dict, packed: bool = False) -> dict:
     for function, entries in evidence.get("probe", {}).items():
         if (function == PACKED_TEST) != packed:
             continue
-        for model_type, attention, kind, *numbers in entries.values():
+        for row in (ProbeRow(*values) for values in entries.values()):
+            kind = row.kind
             outcome = "fail" if kind in FAILURE_KINDS else "pass" if kind in PASS_KINDS else "skip"
-            cell = cells.setdefault(model_type, {}).setdefault(attention, {"outcome": "skip", "kinds": set()})
+            by_attention = cells.setdefault(row.probe_type, {})
+            cell = by_attention.setdefault(row.attention, {"outcome": "skip", "kinds": set()})
             if OUTCOME_ORDER[outcome] > OUTCOME_ORDER[cell["outcome"]]:
                 cell["outcome"] = outcome
             cell["kinds"].add(kind)
-            for name, value in zip(("stock", "hfpatch"), numbers):
+            for name, value in (("stock", row.stock), ("hfpatch", row.hfpatch)):
                 if value is not None:
                     cell[name] = max(value, cell.get(name, value))
     return cells
@@ -428,7 +432,7 @@ CUSTOM_MODELS = {
 
 def custom_verdict(runs: dict) -> str:
     """One release's probe of a custom model (its tests' cell): ``pass``, ``fail``, or why none ran (the
-    first of :data:`expectations.CUSTOM_SKIP_KINDS` its tests recorded)."""
+    first of :data:`compat.vocabulary.CUSTOM_SKIP_KINDS` its tests recorded)."""
     outcomes = {run["outcome"] for run in runs.values()}
     if "fail" in outcomes or "pass" in outcomes:
         return "fail" if "fail" in outcomes else "pass"

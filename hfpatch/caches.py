@@ -27,8 +27,8 @@ __all__ = [
     "capacity",
     "growing_past",
     "count_written",
-    "counted_fill_level",
     "exact_fill_level",
+    "fill_level",
     "first_layer_keys",
     "keep_whole_window",
     "one_buffer_for_all_layers",
@@ -103,10 +103,14 @@ def exact_fill_level(cache: Any) -> Optional[Union[int, torch.Tensor]]:
     return cache.get_seq_length() if isinstance(counter, torch.Tensor) else None
 
 
-def counted_fill_level(cache: Any) -> Union[int, torch.Tensor]:
-    """Filled slots of a 4.38-5.3 static cache: hfpatch's own count (a 0-d tensor) where it keeps one;
-    for a cache it has never seen written, one past the last slot written in the first layer's keys
-    (0 before the first write). Only that first read costs time proportional to the cache's length."""
+def fill_level(cache: Any) -> Union[int, torch.Tensor]:
+    """Filled slots of a static cache, in one call: its own counter (5.4+); on 4.38-5.3 hfpatch's count
+    (a 0-d tensor) where it keeps one, and for a cache it has never seen written, one past the last slot
+    written in the first layer's keys (0 before the first write). Only that first read costs time
+    proportional to the cache's length."""
+    level = exact_fill_level(cache)
+    if level is not None:
+        return level
     counter = getattr(cache, COUNTER, None)
     if counter is not None:
         return counter

@@ -560,8 +560,7 @@ def _static_past(cache: Any, capacity: int, num_new: int, mask_len: Optional[int
                 f"attention_mask has {mask_len} columns, but the static cache has {capacity} slots and "
                 f"{num_new} tokens are new: expected past + new tokens (at most {capacity}) or {capacity}"
             )
-    level = caches.exact_fill_level(cache)
-    return level if level is not None else caches.counted_fill_level(cache)
+    return caches.fill_level(cache)
 
 
 def _check_counter(cache: Any, capacity: int, past: int, num_new: int, mask_len: int) -> None:

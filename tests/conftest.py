@@ -20,13 +20,13 @@ from hypothesis import HealthCheck, settings
 from probes import Probe
 
 import hfpatch
+from compat.vocabulary import ABSENT, CLASS_DIFFERS, FLAGSHIPS, OUTSIDE
 from hfpatch import engine
 from hfpatch._compat import attaches_static_caches
 from hfpatch.plans import Plan, read_plan
 from hfpatch.support import installed_transformers, release_has, support
 from hfpatch.verification.tiny import tiny_model
 
-from expectations import ABSENT, CLASS_DIFFERS, FLAGSHIPS, OUTSIDE
 from harness import cache_kwarg, static_cache
 
 settings.register_profile(

@@ -1,6 +1,6 @@
 """The release probe's record: each probe test says which model type and attention it probes and what
-it found (:data:`expectations.FAILURE_KINDS`, or exact, with the largest stock and hfpatch differences), as
-JUnit properties. compat/evidence.py reads only these (no test names, no messages)."""
+it found (:data:`compat.vocabulary.FAILURE_KINDS`, or exact, with the largest stock and hfpatch
+differences), as JUnit properties. compat/evidence.py reads only these (no test names, no messages)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ from typing import Any, NoReturn, Optional
 import pytest
 
 import hfpatch
-
-from expectations import (
+from compat.vocabulary import (
     CLASS_DIFFERS,
     CUSTOM,
     EXACT,
@@ -23,6 +22,7 @@ from expectations import (
     STOCK_RIGHT,
     WRONG_WITH_POSITIONS,
 )
+
 from harness import TOLERANCE, WRONG
 
 

@@ -12,11 +12,11 @@ from packaging.version import Version
 from probes import exact_where_run, judge_verification
 
 import hfpatch
+from compat.vocabulary import ABSENT, EXACT, NOT_KEPT, OUTSIDE, SKIPPED, STOCK_RIGHT, WRONG_WITH_POSITIONS
 from hfpatch.support import NEWEST_TESTED
 from hfpatch.verification.tiny import tiny_model, tiny_seq2seq
 
 from conftest import REGISTRY, SEQ2SEQ_MODEL_TYPES, TF, require_covered
-from expectations import ABSENT, EXACT, NOT_KEPT, OUTSIDE, SKIPPED, STOCK_RIGHT, WRONG_WITH_POSITIONS
 from harness import WRONG, tolerance_of
 
 # the model types that run a patched class: each adapter's own and its aliases (exaone runs LlamaModel),

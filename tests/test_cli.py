@@ -11,13 +11,14 @@ import sys
 import pytest
 
 import hfpatch
+from compat.vocabulary import FLAGSHIPS
 from hfpatch import cli
 from hfpatch.cli import DOCTOR_MODELS
 from hfpatch.verification.tiny import tiny_model, tiny_multimodal, tiny_seq2seq
 from hfpatch.windows import positional
 
 from conftest import TF, arch_skip_reason
-from expectations import ABSOLUTE, FLAGSHIPS
+from expectations import ABSOLUTE
 from harness import TOLERANCE, WRONG
 
 

@@ -12,9 +12,8 @@ import pytest
 from packaging.version import Version
 
 import hfpatch
+from compat.vocabulary import ABSENT, CUSTOM_NOT_PATCHED, FLAGSHIPS, NOT_PATCHED
 from hfpatch.support import KNOWN_BAD, NEWEST_TESTED, TESTED, support
-
-from expectations import ABSENT, CUSTOM_NOT_PATCHED, FLAGSHIPS, NOT_PATCHED
 
 COMPAT = Path(__file__).resolve().parent.parent / "compat"
 sys.path.insert(0, str(COMPAT))

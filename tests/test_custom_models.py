@@ -21,10 +21,7 @@ import torch
 from probes import both_sides, custom_type, exact_where_run, judge_custom, skip
 
 import hfpatch
-from hfpatch.engine import custom_adapter
-
-from conftest import TF, stock
-from expectations import (
+from compat.vocabulary import (
     ABSENT,
     CLASS_DIFFERS,
     CUSTOM_NOT_PATCHED,
@@ -33,6 +30,9 @@ from expectations import (
     NOT_REMOTE_CODE,
     WRONG_WITH_POSITIONS,
 )
+from hfpatch.engine import custom_adapter
+
+from conftest import TF, stock
 from harness import TOLERANCE, WRONG, max_diff, random_rows, run_padded
 
 CASES = {  # chunks, left: rows of 5 and 3 tokens

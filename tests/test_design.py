@@ -234,3 +234,14 @@ def test_every_change_outside_the_ledger_is_listed():
         if f"`{name.rpartition('.')[2]}.py`" not in listed and f"`{name.rpartition('.')[2]}." not in listed
     )
     assert not unlisted, f"these modules change objects, and docs/how-it-works.md does not say so: {unlisted}"
+
+
+def test_the_evidence_scripts_read_their_vocabulary_from_compat():
+    """compat/evidence.py and compat/report.py take the kinds of a result and the rows' fields from
+    compat/vocabulary.py, not from the tests' own helpers (no ``tests`` folder on their path)."""
+    compat = PACKAGE.parent / "compat"
+    for script in ("evidence.py", "report.py"):
+        tree = ast.parse((compat / script).read_text())
+        imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+        assert "compat.vocabulary" in imported and "expectations" not in imported, script
+        assert '"tests"' not in (compat / script).read_text(), f"{script} puts tests/ on its path"

@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from compat.vocabulary import FLAGSHIPS
 from hfpatch.launcher import RAY_RUNTIME_ENV_HOOK
 
 from conftest import arch_skip_reason
-from expectations import ABSOLUTE, FLAGSHIPS
+from expectations import ABSOLUTE
 from harness import TOLERANCE, WRONG, worker_script
 
 pytestmark = pytest.mark.slow  # processes start Python and torch again: nox -s integrations runs them

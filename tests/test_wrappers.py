@@ -19,10 +19,10 @@ from packaging.version import Version
 from probes import Probe, both_sides, exact_where_run
 
 import hfpatch
+from compat.vocabulary import OUTSIDE
 from hfpatch.verification.tiny import PAD, tiny_multimodal, tiny_seq2seq
 
 from conftest import REGISTRY, TF, require_covered, stock
-from expectations import OUTSIDE
 from harness import TOLERANCE, WRONG, cache_kwarg, output_cache
 
 MULTIMODAL = [name for name, adapter in REGISTRY.items() if adapter.family.multimodal]

@@ -10,11 +10,12 @@ import types
 import pytest
 import torch
 
+from compat.vocabulary import FLAGSHIPS
 from hfpatch.verification.scenarios import SCENARIOS, Scenario, scenario_rows
 from hfpatch.verification.tiny import tiny_model
 
 from conftest import arch_skip_reason, stock
-from expectations import ABSOLUTE, FLAGSHIPS
+from expectations import ABSOLUTE
 from harness import PAD, TOLERANCE, WRONG, cache_kwarg, max_diff, run_alone, run_padded
 
 peft = pytest.importorskip("peft")
