@@ -41,8 +41,10 @@ from ..verification.scenarios import (
     WINDOW,
     Probe,
     Scenario,
+    control_noise,
     is_seq2seq,
     model_probes,
+    noise_tolerance,
     probes,
     rows_of,
     run_alone,
@@ -69,9 +71,6 @@ class CannotCheck(Exception):
 
 
 FAMILIES = (PADDING, CACHED, STATIC, WINDOW, ROPE, PACKED)
-NOISE_CAP = (
-    1e-4  # the most fp32 noise a scenario's control may raise its tolerance to (a wrong position: 1e-2+)
-)
 
 
 def tolerance_for(dtype: torch.dtype, scale: float = 1.0) -> float:
@@ -178,7 +177,7 @@ def assert_padding_invariant(
                 run_alone(call, r, row, cache_kw, inputs, [c[r] for c in probe.scenario.chunks])
                 for r, row in enumerate(rows)
             ]
-            noise = _noise(call, rows, cache_kw, inputs, alone) if tolerance is None else 0.0
+            noise = control_noise(call, rows, cache_kw, inputs, alone) if tolerance is None else 0.0
         except Exception as exc:  # noqa: BLE001 - a scenario that cannot run is reported, the others decide
             errors.append(f"{probe.name} raised {type(exc).__name__}: {first_line(exc)}")
             continue
@@ -197,7 +196,7 @@ def assert_padding_invariant(
     for probe, got, alone, noise in computed:
         # fp32's own noise at these lengths (the rows right-padded in one call: no position changes), where
         # it is more than the base tolerance: four times it, at most NOISE_CAP
-        allowed = base if tolerance is not None or dtype in RELATIVE else max(base, min(4 * noise, NOISE_CAP))
+        allowed = base if tolerance is not None or dtype in RELATIVE else max(base, noise_tolerance(noise))
         bound = max(bound, allowed)
         for r, (batch_row, own) in enumerate(zip(got, alone)):
             diffs = (batch_row.float() - own.float()).abs().flatten(1).amax(-1)  # per token
@@ -209,21 +208,6 @@ def assert_padding_invariant(
     if not report.ok:
         raise AssertionError(str(report))
     return report
-
-
-def _noise(call: Callable, rows: list, cache_kw: Optional[str], inputs: Any, alone: list) -> float:
-    """The control of a scenario: its rows right-padded into one batch, one call (positions unchanged by
-    padding on the right), against the same rows alone: the outputs' own noise at these lengths. 0 where
-    the control is itself off by more than WRONG (a model wrong even with right padding: no control)."""
-    control = Scenario(
-        "control", tuple(map(len, rows)), (tuple(map(len, rows)),), ((False,) * len(rows),), False
-    )
-    got = run_batch(call, rows, control, cache_kw, None, None, inputs)
-    noise = max(((g.float() - a.float()).abs().max().item() for g, a in zip(got, alone)), default=0.0)
-    return noise if noise <= WRONG else 0.0
-
-
-WRONG = 1e-3  # a control off by more than this is not noise
 
 
 def _weights_dtype(model: Any) -> Optional[torch.dtype]:

@@ -16,11 +16,12 @@ import torch
 from .. import engine
 from .._compat import cache_name
 from ..declarations import Adapter
+from ..judge import NOISE_CAP
 from ..rope import per_row_scaling, scaled_rope
 from ..support import installed_transformers
 from ..windows import configured_window, positional, smallest_window
 from .load import TINY_ATTENTION, check_causal, check_runs, first_line, is_multimodal, load
-from .result import CannotVerify, Row, Verification
+from .result import TOLERANCE, CannotVerify, Row, Verification
 from .scenarios import (
     DECODER_ONLY,
     ENCODER_SCENARIO,
@@ -31,8 +32,10 @@ from .scenarios import (
     Inputs,
     PositionsByHand,
     Probe,
+    control_noise,
     is_seq2seq,
     model_probes,
+    noise_tolerance,
     rows_of,
     run_alone,
     run_batch,
@@ -197,36 +200,51 @@ def _encoder_probes(model: Any, decoder: Inputs, notes: list[str]) -> list[Probe
 
 def _run_scenario(model: Any, adapter: Optional[Adapter], probe: Probe) -> Row:
     """Stock, then hfpatch (or, for a model hfpatch does not patch here, positions by hand), each against
-    every row alone."""
+    every row alone; where the judged side is past the fp32 tolerance by no more than fp32 noise could
+    be, the scenario's control (its rows right-padded in one call, on that side) sets its tolerance."""
     scenario, inputs, name = probe.scenario, probe.inputs, cache_name(model)
     rows = rows_of(scenario, inputs.pad)
-    results, errors = [], []
-    for side in ("stock", "hfpatch"):
+    by_hand = adapter is None and inputs.positions in inspect.signature(model.forward).parameters
+    judged = "hfpatch" if adapter is not None else "stock"
+
+    def side(which: str) -> Any:  # the context and the callable of one side
+        if adapter is None:  # not patched here: stock, then positions from the mask by hand
+            return engine.unpatched(), (
+                PositionsByHand(model, inputs) if which == "hfpatch" and by_hand else model
+            )
+        return (engine.unpatched(adapter.arch) if which == "stock" else engine.patched(adapter.arch)), model
+
+    results, errors, tolerance = {}, [], TOLERANCE
+    try:
+        with engine.unpatched():
+            alone = [run_alone(model, r, row, name, inputs, [c[r] for c in scenario.chunks])
+                     for r, row in enumerate(rows)]  # fmt: skip
+    except Exception as exc:  # noqa: BLE001 - a crash is a result of the probe
+        text = f"{type(exc).__name__}: {first_line(exc, 100)}"
+        return Row(probe.name, float("nan"), float("nan"), f"both sides: {text}")
+    for which in ("stock", "hfpatch"):
+        context, call = side(which)
         try:
-            if adapter is None:  # not patched here: stock, then positions from the mask by hand
-                by_hand = (
-                    side == "hfpatch" and inputs.positions in inspect.signature(model.forward).parameters
-                )
-                with engine.unpatched():
-                    call = PositionsByHand(model, inputs) if by_hand else model
-                    got = run_batch(call, rows, scenario, name, probe.cache, probe.width, inputs)
-            else:
-                context = engine.unpatched(adapter.arch) if side == "stock" else engine.patched(adapter.arch)
-                with context:
-                    got = run_batch(model, rows, scenario, name, probe.cache, probe.width, inputs)
-            with engine.unpatched():
-                results.append(
-                    max(
-                        (run_alone(model, r, row, name, inputs, [c[r] for c in scenario.chunks]) - out)
-                        .abs()
-                        .max()
-                        .item()
-                        for r, (row, out) in enumerate(zip(rows, got))
-                    )
-                )
+            with context:
+                got = run_batch(call, rows, scenario, name, probe.cache, probe.width, inputs)
+                results[which] = max((own - out).abs().max().item() for own, out in zip(alone, got))
         except Exception as exc:  # noqa: BLE001 - a crash is a result of the probe
-            results.append(float("nan"))
-            errors.append((side, f"{type(exc).__name__}: {first_line(exc, 100)}"))
+            results[which] = float("nan")
+            errors.append((which, f"{type(exc).__name__}: {first_line(exc, 100)}"))
+            continue
+        if which == judged and TOLERANCE < results[which] <= NOISE_CAP:
+            tolerance = _noise_tolerance(*side(which), rows, name, inputs, alone)  # a fresh context
     if len(errors) == 2 and errors[0][1] == errors[1][1]:  # the same on both sides: said once
-        return Row(probe.name, results[0], results[1], f"both sides: {errors[0][1]}")
-    return Row(probe.name, results[0], results[1], "; ".join(f"{side}: {text}" for side, text in errors))
+        return Row(probe.name, results["stock"], results["hfpatch"], f"both sides: {errors[0][1]}", tolerance)
+    error = "; ".join(f"{which}: {text}" for which, text in errors)
+    return Row(probe.name, results["stock"], results["hfpatch"], error, tolerance)
+
+
+def _noise_tolerance(context: Any, call: Any, rows: list, name: Any, inputs: Inputs, alone: list) -> float:
+    """The tolerance of a scenario from its control on the judged side (fp32's own noise at its lengths);
+    TOLERANCE where the control cannot run."""
+    try:
+        with context:
+            return noise_tolerance(control_noise(call, rows, name, inputs, alone))
+    except Exception:  # noqa: BLE001 - no control: the fixed tolerance decides
+        return TOLERANCE

@@ -12,6 +12,7 @@ from typing import Any, NamedTuple, Optional
 import torch
 
 from .._compat import attaches_static_caches, cache_name, new_static_cache, output_cache
+from ..judge import FP32, NOISE_CAP, WRONG
 from ..positions import new_token_positions
 from .tiny import PAD, VOCAB
 
@@ -28,6 +29,8 @@ __all__ = [
     "probes",
     "run_alone",
     "cache_inputs",
+    "control_noise",
+    "noise_tolerance",
     "encoder_input",
     "is_seq2seq",
     "ModelProbes",
@@ -486,3 +489,22 @@ def takes_static_cache(model: Any, inputs: Inputs = DECODER_ONLY) -> bool:
         return True
     except Exception:  # noqa: BLE001 - the model's own cache type (recurrent state, old release): no static probe
         return False
+
+
+def control_noise(call: Callable, rows: list, cache_kw: Optional[str], inputs: Any, alone: list) -> float:
+    """A scenario's control: its rows right-padded into one batch, one call (positions unchanged by
+    padding on the right), against the same rows alone (``alone``): the outputs' own fp32 noise at these
+    lengths. 0 where the control is itself off by more than WRONG (a model wrong even with right
+    padding has no control)."""
+    control = Scenario(
+        "control", tuple(map(len, rows)), (tuple(map(len, rows)),), ((False,) * len(rows),), False
+    )
+    got = run_batch(call, rows, control, cache_kw, None, None, inputs)
+    noise = max(((g.float() - a.float()).abs().max().item() for g, a in zip(got, alone)), default=0.0)
+    return noise if noise <= WRONG else 0.0
+
+
+def noise_tolerance(noise: float) -> float:
+    """The fp32 tolerance of a scenario whose control measured ``noise``: FP32, or four times the noise
+    where that is more, at most NOISE_CAP (a wrong position is 1e-2 off or more)."""
+    return max(FP32, min(4 * noise, NOISE_CAP))
