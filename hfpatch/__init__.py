@@ -20,7 +20,7 @@ from .engine import (
     unpatched,
 )
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "AdapterStatus",
