@@ -105,7 +105,8 @@ _aliases: dict[str, str] = {}  # model type -> the adapter that patches its clas
 _states: dict[str, _State] = {}
 _left_alone: dict[str, str] = {}  # classes outside transformers that look like decoders, not patched: why
 _seen: weakref.WeakSet[type] = weakref.WeakSet()  # subclasses of PreTrainedModel looked at
-_checking: set[str] = set()  # custom model types whose check on a tiny copy is running
+# custom model types whose check on a tiny copy is running: (the checking thread, set when it is done)
+_checking: dict[str, tuple[int, threading.Event]] = {}
 _ledger = Ledger()
 _warned: set[str] = set()  # warnings already given in this process
 _applied_by: list[str] = []  # how apply() was called in this process, when not by the program itself
@@ -273,7 +274,11 @@ def apply(archs: Archs = None, *, ignore_ranges: bool = False, packed: Optional[
         if archs is None:
             _discover()
             _watch_new_classes()
-        installed = _want(select(archs), holder=None, force=ignore_ranges)
+        names = select(archs)
+    if not ignore_ranges:
+        _check_classes(names)  # outside the lock
+    with _lock:
+        installed = _want(names, holder=None, force=ignore_ranges)
         _rebind_hooked(installed)
         return status()
 
@@ -385,6 +390,8 @@ def hold(archs: Archs = None) -> Held:
         if archs is None:
             _discover()
         names = select(archs)
+    _check_classes(names)  # outside the lock
+    with _lock:
         token = Held(tuple(names))
         first = [name for name in names if not _states[name].rows]
         installed = _want(names, holder=token)
@@ -603,19 +610,48 @@ def _notice(cls: type) -> Optional[str]:
 
 
 def _checked(state: _State) -> bool:
-    """Whether a custom class passes its check on a tiny copy (run once, here; while it runs, its own
-    ``verify`` installs the rows for its thread's blocks)."""
-    name = state.adapter.arch
-    if state.checked is None and name not in _checking and _class_check:
-        _checking.add(name)
+    """Whether a custom class passed its check on a tiny copy (:func:`_check_classes` ran it); while it
+    runs, its own ``verify`` in the checking thread installs the rows for that thread's blocks."""
+    running = _checking.get(state.adapter.arch)
+    if state.checked is None and not state.check_reason and running is None:
+        state.check_reason = "not checked yet"
+    return state.checked is True or (running is not None and running[0] == threading.get_ident())
+
+
+def _check_classes(names: list[str]) -> None:
+    """Run the check on a tiny copy of each custom class among ``names`` not checked yet, once, in this
+    thread and outside the engine's lock (other threads' status(), apply() and blocks go on meanwhile);
+    a class another thread is checking is waited for. Called without the lock held."""
+    if not _class_check:
+        return
+    mine: list[tuple[str, threading.Event]] = []
+    theirs: list[threading.Event] = []
+    with _lock:
+        for name in names:
+            state = _states[name]
+            if state.owner is None or state.checked is not None:
+                continue
+            running = _checking.get(name)
+            if running is None:
+                event = threading.Event()
+                _checking[name] = (threading.get_ident(), event)
+                mine.append((name, event))
+            elif running[0] != threading.get_ident():
+                theirs.append(running[1])
+    for name, event in mine:
+        state = _states[name]
         try:
-            state.checked, state.check_reason = _class_check[0](state.owner)
+            checked, reason = _class_check[0](state.owner)
         except NameError as exc:  # its module is still being imported: checked at the next look
-            state.check_reason = f"not checked yet (its module is being imported: {exc})"
-            return False
+            checked, reason = None, f"not checked yet (its module is being imported: {exc})"
         finally:
-            _checking.discard(name)
-    return state.checked is True or name in _checking
+            with _lock:
+                _checking.pop(name, None)
+            event.set()
+        with _lock:
+            state.checked, state.check_reason = checked, reason
+    for event in theirs:
+        event.wait()
 
 
 _class_check: list[Callable[[type], tuple[bool, str]]] = []  # hfpatch.verification.classes.check
@@ -630,7 +666,8 @@ def check_classes_with(check: Callable[[type], tuple[bool, str]]) -> None:
 def _watch_new_classes() -> None:
     """While ``apply()`` holds, a subclass of ``PreTrainedModel`` defined later (a remote-code module
     imported, a class in the user's program) is looked at when it is created: a recognised one is
-    checked and patched there. Installed now if transformers is imported, else when it is."""
+    checked (outside the engine's lock) and patched there. Installed now if transformers is imported,
+    else when it is."""
     _WATCH.pinned = True
     if _pretrained_model() is not None:
         _install_watch()
@@ -664,10 +701,14 @@ def _subclass_hook(base: type, original: Any) -> classmethod:
             return  # transformers' own classes: declared, or known and not patched
         try:
             with _lock:
+                name = None
                 if _WATCH.pinned and cls not in _seen:
                     _seen.add(cls)
                     name = _notice(cls)
-                    if name is not None:
+            if name is not None:
+                _check_classes([name])  # outside the lock
+                with _lock:
+                    if _WATCH.pinned:
                         _rebind_hooked(_want([name], holder=None))
         except Exception:  # noqa: BLE001 - never break the definition of a class
             pass

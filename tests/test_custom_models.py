@@ -14,6 +14,7 @@ transformers refuses the copy as remote code)."""
 from __future__ import annotations
 
 import json
+import threading
 
 import custom_models
 import pytest
@@ -256,6 +257,39 @@ def test_patched_block_reaches_a_class_defined_without_apply(tmp_path):
     with hfpatch.patched():
         assert max_diff(model, ROWS, run_padded(model, ROWS, chunks, left)) <= TOLERANCE
     assert max_diff(model, ROWS, run_padded(model, ROWS, chunks, left)) > WRONG
+
+
+def test_the_check_runs_outside_the_engines_lock(tmp_path):
+    """A class's check on a tiny copy holds no lock that other threads need: while it runs in one thread
+    (held here until released), status() in another finishes; the check's verdict then patches it."""
+    from hfpatch import engine
+    from hfpatch.verification import classes
+
+    hfpatch.revert()
+    started, go = threading.Event(), threading.Event()
+
+    def held_check(cls):
+        started.set()
+        assert go.wait(120)
+        return classes.check(cls)
+
+    engine.check_classes_with(held_check)
+    try:
+        _, _, model_type = _classes(_patched_here(), tmp_path)  # defined without apply(): not checked yet
+        checking = threading.Thread(target=hfpatch.apply)
+        checking.start()
+        assert started.wait(120)
+        seen = {}
+        other = threading.Thread(target=lambda: seen.update(state=hfpatch.status()[model_type].state))
+        other.start()
+        other.join(60)
+        assert not other.is_alive() and seen["state"] != "applied", seen  # answered during the check
+        go.set()
+        checking.join(120)
+        assert hfpatch.status()[model_type].state == "applied"
+    finally:
+        go.set()
+        engine.check_classes_with(classes.check)
 
 
 def test_the_check_leaves_the_programs_random_state_alone(tmp_path):
