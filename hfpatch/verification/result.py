@@ -110,7 +110,10 @@ class Verification(NamedTuple):
                 f"{bound}: " + ("every scenario" if len(names) == len(self.rows) else ", ".join(names))
                 for bound, names in noisy.items()
             )
-            text = f"or four times the scenario's own fp32 noise (its rows right-padded in one call): {each}"
+            text = (
+                "or four times the scenario's own fp32 noise (controls that change no position: its rows "
+                f"right-padded in one call, each row alone through its cached calls): {each}"
+            )
             lines += textwrap.wrap(text, 100, initial_indent="    ", subsequent_indent="    ")
         return "\n".join(lines)
 

@@ -491,15 +491,24 @@ def takes_static_cache(model: Any, inputs: Inputs = DECODER_ONLY) -> bool:
         return False
 
 
-def control_noise(call: Callable, rows: list, cache_kw: Optional[str], inputs: Any, alone: list) -> float:
-    """A scenario's control: its rows right-padded into one batch, one call (positions unchanged by
-    padding on the right), against the same rows alone (``alone``): the outputs' own fp32 noise at these
-    lengths. 0 where the control is itself off by more than WRONG (a model wrong even with right
-    padding has no control)."""
+def control_noise(
+    call: Callable, rows: list, scenario: Scenario, cache_kw: Optional[str], inputs: Any, alone: list
+) -> float:
+    """A scenario's controls, against the same rows alone (``alone``), each changing no position: its
+    rows right-padded into one batch in one call, and (a cached scenario) each row alone, unpadded,
+    through the scenario's cached calls. The larger is the outputs' own fp32 noise at these lengths and
+    splits; 0 where a control is itself off by more than WRONG (a model wrong even there has none)."""
     control = Scenario(
         "control", tuple(map(len, rows)), (tuple(map(len, rows)),), ((False,) * len(rows),), False
     )
     got = run_batch(call, rows, control, cache_kw, None, None, inputs)
+    if scenario.cached and cache_kw is not None and not inputs.prefix_lm:
+        split = inputs._replace(prefix_lm=True)  # a row through its calls, a mask of ones: no padding
+        got += [
+            run_alone(call, r, row, cache_kw, split, [c[r] for c in scenario.chunks])
+            for r, row in enumerate(rows)
+        ]
+        alone = [*alone, *alone]
     noise = max(((g.float() - a.float()).abs().max().item() for g, a in zip(got, alone)), default=0.0)
     return noise if noise <= WRONG else 0.0
 
