@@ -8,10 +8,8 @@ that runs inside a call reads it from here.
 - :class:`Pin`: per adapter, whether ``apply()`` holds it process-wide (read by its patched forward).
 - :data:`PACKED`: process-wide, whether a row whose positions restart is kept to the sequences it packs
   (``apply(packed=False)``, ``HFPATCH_PACKED=0``: left to stock).
-- :data:`WATCHERS`: process-wide observers of patched classes' calls (``hfpatch.audit``,
-  ``hfpatch.shadow``): while one is registered no pin is fast, and the outermost call of a patched
-  forward in a thread runs through them (``CALL.watching`` is set inside, so nested calls are not
-  watched again).
+- ``CALL.watching``: inside a watched call (:mod:`hfpatch.observers`, which also holds the slow path
+  while an observer is registered: :func:`hold_slow_path`).
 - :class:`CarryContext`: activation checkpointing recomputes a layer in the backward pass, after the
   call that set the context has returned; the checkpoint function of a patched module carries the
   context of the forward call into that recomputation, so that the layer reads the same.
@@ -26,17 +24,15 @@ from typing import Any, Optional
 __all__ = [
     "CALL",
     "PACKED",
-    "SHADOW_COUNTS",
-    "WATCHERS",
     "CarryContext",
     "Pin",
     "SdpaSwitch",
     "Users",
     "close_block",
     "open_block",
+    "hold_slow_path",
     "patched_here",
-    "unwatch",
-    "watch",
+    "release_slow_path",
 ]
 
 
@@ -107,27 +103,18 @@ def close_block(previous: Optional[dict[str, bool]]) -> None:
 
 PACKED = [True]  # packed rows kept to their sequences (apply(packed=...)); a list, read at each call
 
-# the observers of every patched forward's calls, outermost first: each is called as
-# ``watcher(seen, call)`` and returns ``call()`` (see hfpatch.forward.Seen); a tuple, replaced whole
-WATCHERS: list[tuple[Callable, ...]] = [()]
-SHADOW_COUNTS = {"checked": 0, "mismatches": 0, "worst": 0.0}  # this process's hfpatch.shadow checks
 
-
-def watch(watcher: Callable) -> None:
-    """Register a process-wide observer of patched forwards' calls (no pin is fast while it is)."""
+def hold_slow_path() -> None:
+    """One more reason no pin may be fast (an observer registered: :mod:`hfpatch.observers`)."""
     with _BLOCKS_LOCK:
-        WATCHERS[0] = (*WATCHERS[0], watcher)
         _blocks[0] += 1
         for pin in _PINS:
             pin.fast = False
 
 
-def unwatch(watcher: Callable) -> None:
-    """Remove an observer :func:`watch` registered."""
+def release_slow_path() -> None:
+    """Undo one :func:`hold_slow_path`."""
     with _BLOCKS_LOCK:
-        if watcher not in WATCHERS[0]:
-            return
-        WATCHERS[0] = tuple(w for w in WATCHERS[0] if w is not watcher)
         _blocks[0] -= 1
         if not _blocks[0]:
             for pin in _PINS:

@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from . import engine
-from ._context import unwatch, watch
 from .declarations import THROUGH_LANGUAGE_MODEL
+from .observers import unwatch, watch
 
 __all__ = ["AuditReport", "audit", "audit_this_process", "merge"]
 

@@ -31,9 +31,10 @@ from types import MappingProxyType
 from typing import Any, NamedTuple, Optional, Union
 
 from . import custom
-from ._context import CALL, PACKED, SHADOW_COUNTS, Pin, close_block, open_block
+from ._context import CALL, PACKED, Pin, close_block, open_block
 from .adapters import ADAPTERS, UNDECLARED
 from .declarations import NOT_COVERED, THROUGH_LANGUAGE_MODEL, Adapter, Undeclared
+from .observers import SHADOW_COUNTS
 from .patches import ABSENT, Ledger, Patch
 from .support import (
     CUSTOM,

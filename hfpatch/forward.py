@@ -33,23 +33,24 @@ import contextlib
 import functools
 import warnings
 from collections.abc import Callable
-from typing import Any, NamedTuple, Optional, Union
+from typing import Any, Optional, Union
 
 import torch
 from torch import Tensor
 
 from . import caches
 from ._compat import CACHE_NAMES
-from ._context import CALL, PACKED, WATCHERS, Pin, patched_here
+from ._context import CALL, PACKED, Pin, patched_here
 from .caches import CAPACITY
 from .declarations import Adapter
 from .decoders import call_with_positions
+from .observers import WATCHERS, Seen, run_watched
 from .packed import packed_rows, positions_from_lengths, warn_not_kept
 from .plans import NO_SLOTS, SLOTS, SLOTS_REMOVED, Plan
 from .positions import cache_positions, has_holes, new_token_positions
 from .windows import MASK_FUNCTIONS, MaskPlan, apply_masks, configured_window, packed_here
 
-__all__ = ["LeaveToStock", "Seen", "make_forward", "recording_generated_masks", "warn_once", "watched"]
+__all__ = ["LeaveToStock", "make_forward", "recording_generated_masks", "warn_once", "watched"]
 
 Past = Union[int, torch.Tensor]  # cached tokens before this call: an int, or a 0-d tensor (static caches)
 # what a filler derived positions from: (the 2-D mask, new tokens, where they start: an int (the mask's
@@ -171,37 +172,18 @@ def packed_support(adapter: Adapter, plan: Plan) -> str:
 NO_4D_MASK = "its mask code takes no 4-D mask on this transformers release"
 
 
-class Seen(NamedTuple):
-    """One call of a patched class's forward, as its watchers read it (:mod:`hfpatch.audit`,
-    :mod:`hfpatch.shadow`): nothing in it may be changed."""
-
-    model: Any
-    adapter: Adapter
-    kwargs: dict  # the call's arguments by name (positional ones bound): a copy of the caller's dict
-    cache: Any  # the cache passed, under either name, or None
-    patched: bool  # whether this call runs hfpatch's patch (apply(), or a patched() block here)
-    ids_rank: int  # the rank of its input_ids (3: audio codes)
-
-
 def watched(
     forward: Callable, model: Any, adapter: Adapter, plan: Plan, pin: Pin, args: tuple, kwargs: dict
 ) -> Any:
-    """Run the outermost call of a patched forward through the registered watchers (eager mode), each
-    of which returns the result of the call it is handed: what it computes is the forward's own."""
-    CALL.watching = True
-    try:
-        named = dict(kwargs)
-        if args:
-            with contextlib.suppress(TypeError):  # arguments the call itself rejects, saying so
-                _bind_positional(adapter, plan, args, named)
-        cache = next((named[name] for name in CACHE_NAMES if named.get(name) is not None), None)
-        seen = Seen(model, adapter, named, cache, patched_here(pin), plan.ids_rank)
-        call = functools.partial(forward, model, *args, **kwargs)
-        for watcher in reversed(WATCHERS[0]):
-            call = functools.partial(watcher, seen, call)
-        return call()
-    finally:
-        CALL.watching = False
+    """The outermost call of a patched forward while an observer is registered (eager mode): its record
+    (:class:`hfpatch.observers.Seen`, positional arguments bound) and the call, handed to the observers."""
+    named = dict(kwargs)
+    if args:
+        with contextlib.suppress(TypeError):  # arguments the call itself rejects, saying so
+            _bind_positional(adapter, plan, args, named)
+    cache = next((named[name] for name in CACHE_NAMES if named.get(name) is not None), None)
+    seen = Seen(model, adapter, named, cache, patched_here(pin), plan.ids_rank)
+    return run_watched(seen, functools.partial(forward, model, *args, **kwargs))
 
 
 def given_masks(model: Any, adapter: Adapter, plan: Plan, kwargs: dict, cache: Any) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import os
 import re
 import sys
 import threading
@@ -18,6 +17,7 @@ import torch
 from ._compat import output_cache
 from .caches import capacity, first_layer_keys, past_length
 from .declarations import PADDED_TABLE, SINUSOID, TABLE
+from .observers import call_site, fingerprint, keys_fingerprint
 from .packed import packed_rows
 from .positions import new_token_positions, packed_stock_error, stock_error
 from .rope import DYNAMIC, scaled_rope
@@ -31,8 +31,6 @@ __all__ = [
     "RELATIVE",
     "WRONG",
     "Watcher",
-    "call_site",
-    "fingerprint",
     "the_masks_positions",
 ]
 
@@ -45,7 +43,6 @@ RELATIVE = {torch.float16: 4e-3, torch.bfloat16: 3e-2}
 # a scenario's tolerance is four times its control's noise where that is more than FP32, at most this
 NOISE_CAP = 1e-4
 ABSOLUTE_HANDS_TO = (TABLE, SINUSOID, PADDED_TABLE)  # decoders whose position module is a table or sinusoid
-INTERNAL = ("transformers", "torch", "hfpatch")  # frames skipped to find a call site
 
 
 class Watcher:
@@ -109,7 +106,7 @@ class Watcher:
             known = [(ref(), numbering) for ref, numbering in self.numbered.values()]
         for other, numbering in known:  # the keys of a cache seen filled
             if other is not None and other is not keys and numbering is not None:
-                if numbering.shape[1] == past_length(cache) and _keys_fingerprint(other) == stamp[1]:
+                if numbering.shape[1] == past_length(cache) and keys_fingerprint(other) == stamp[1]:
                     return numbering
         return UNKNOWN
 
@@ -326,37 +323,3 @@ def _judge_packed(seen: Any, facts: _Facts, tokens: Any) -> Any:
     per_row = wrong.sum(-1).tolist()
     count = sum(per_row)
     return [len(per_row) - per_row.count(0), count, 0, 1] if count else [0, 0, 0, 1]
-
-
-def fingerprint(cache: Any) -> Any:
-    """A cache's length and its first layer's newest keys, summed: a deep copy has the same."""
-    keys = first_layer_keys(cache)
-    if keys is None:
-        return None
-    return past_length(cache), _keys_fingerprint(keys)
-
-
-def _keys_fingerprint(keys: torch.Tensor) -> float:
-    return float(keys[..., -1, :].double().sum())  # the newest slot (a sliding layer keeps fewer)
-
-
-def call_site() -> tuple[str, Any]:
-    """``file:line`` of the first frame outside transformers, torch and hfpatch (relative to the working
-    directory where it lies under it), and the frame (None where there is none)."""
-    frame = sys._getframe(1)
-    while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] in INTERNAL:
-        frame = frame.f_back
-    if frame is None:
-        return "?", None
-    path = frame.f_code.co_filename
-    shown = _SHOWN.get(path)
-    if shown is None:
-        shown = path
-        with contextlib.suppress(ValueError):
-            relative = os.path.relpath(path)
-            shown = path if relative.startswith("..") else relative
-        _SHOWN[path] = shown
-    return f"{shown}:{frame.f_lineno}", frame
-
-
-_SHOWN: dict[str, str] = {}  # a file's path as a call site shows it (the working directory of its first call)

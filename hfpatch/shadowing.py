@@ -31,9 +31,9 @@ import torch
 
 from . import engine
 from ._compat import CACHE_NAMES, output_cache
-from ._context import SHADOW_COUNTS, unwatch, watch
 from .caches import capacity, first_layer_keys, past_length
-from .judge import FP32, RELATIVE, call_site, fingerprint, the_masks_positions
+from .judge import FP32, RELATIVE, the_masks_positions
+from .observers import SHADOW_COUNTS, call_site, fingerprint, unwatch, watch
 from .packed import packed_rows
 from .rope import scaled_rope
 

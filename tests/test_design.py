@@ -104,6 +104,20 @@ def test_the_call_context_is_a_leaf():
     assert all(getattr(n, "module", None) in allowed for n in imports), imports
 
 
+def test_the_observers_have_one_room():
+    """The audit and the shadow subscribe through hfpatch.observers (registry, call record, call site,
+    counters), which imports neither of them nor the forward, and loads no torch at import."""
+    subscribers = {"hfpatch.auditing", "hfpatch.judge", "hfpatch.shadowing"}
+    assert GRAPH["hfpatch.observers"] <= {"hfpatch._context", "hfpatch.caches"}, GRAPH["hfpatch.observers"]
+    assert not _imports_torch_at_import("hfpatch.observers")
+    assert all("hfpatch.forward" not in GRAPH[name] for name in subscribers)
+    assert {"hfpatch.shadowing", "hfpatch.auditing", "hfpatch.judge"} & {
+        name for name, imported in GRAPH.items() if "hfpatch.observers" in imported
+    } == subscribers
+    source = MODULES["hfpatch._context"].read_text()
+    assert "WATCHERS" not in source and "SHADOW_COUNTS" not in source
+
+
 def test_import_hfpatch_and_the_engine_import_no_torch_module():
     """``import hfpatch`` and ``apply()`` stay light: nothing the package or the engine imports at import
     loads torch or transformers (those modules are imported when a class is patched)."""
