@@ -54,12 +54,15 @@ class Pin:
     is pinned and no thread has a ``patched()``/``unpatched()`` block open (then a call needs no look at
     its thread's choice: the check every eager call makes first)."""
 
-    __slots__ = ("arch", "_pinned", "fast")
+    __slots__ = ("arch", "_pinned", "fast", "awaiting")
 
     def __init__(self, arch: str) -> None:
         self.arch = arch
         self._pinned = False
         self.fast = False
+        # a class outside transformers defined while apply() holds: what its first eager call runs (its
+        # check on a tiny copy, then the pin), None once it has run
+        self.awaiting: Optional[Callable[[], None]] = None
         _PINS.append(self)
 
     @property

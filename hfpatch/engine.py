@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import functools
 import sys
 import textwrap
 import threading
@@ -66,6 +67,7 @@ __all__ = [
 
 APPLIED = "applied"
 WAITING = "waiting for import"
+CHECKING = "waiting for its check"
 SKIPPED = "skipped"
 NOT_APPLIED = "not applied"
 
@@ -114,7 +116,8 @@ _applied_by: list[str] = []  # how apply() was called in this process, when not 
 
 
 class AdapterStatus(NamedTuple):
-    """One model type: its ``state`` (``applied``, ``waiting for import``, ``skipped``, ``not applied``;
+    """One model type: its ``state`` (``applied``, ``waiting for import``, ``waiting for its check`` (a
+    class outside transformers defined after ``apply()``, until its first call), ``skipped``, ``not applied``;
     or, for model types hfpatch does not patch, ``right on stock``, ``not fixable by positions``,
     ``not covered``, ``through its language model``), why, the ``target`` and ``versions`` of the adapter
     that patches it, its ``support`` on the installed release (``tested``, ``untested newer``,
@@ -284,9 +287,12 @@ def apply(archs: Archs = None, *, ignore_ranges: bool = False, packed: Optional[
         return status()
 
 
-def _want(names: list[str], holder: Optional[object], force: bool = False) -> list[Patch]:
+def _want(
+    names: list[str], holder: Optional[object], force: bool = False, at_first_call: bool = False
+) -> list[Patch]:
     """Pin ``names`` (``holder`` None) or hold them for a ``patched()`` block; install what can be.
-    Returns the rows installed now."""
+    ``at_first_call``: a custom class not checked yet is installed unpinned, its check left to its first
+    call (:func:`_first_call`). Returns the rows installed now."""
     version = installed_transformers()
     refused, untested, installed = [], [], []
     for name in names:
@@ -298,6 +304,12 @@ def _want(names: list[str], holder: Optional[object], force: bool = False) -> li
             state.skip_reason = verdict.reason
             refused.append((name, verdict.reason))
             continue
+        if at_first_call and state.owner is not None and state.checked is None and not state.forced:
+            state.skip_reason = None
+            installed += _install(state, custom.namespace(state.owner))
+            if state.installed:
+                state.pin.awaiting = functools.partial(_first_call, name)
+            continue
         if state.owner is not None and not state.forced and not _checked(state):
             state.skip_reason = state.check_reason
             refused.append((name, state.check_reason))
@@ -306,6 +318,7 @@ def _want(names: list[str], holder: Optional[object], force: bool = False) -> li
             untested.append(name)
         if holder is None:
             state.pin.pinned = True
+            state.pin.awaiting = None
         else:
             state.holders.add(holder)
         state.skip_reason = None
@@ -350,6 +363,7 @@ def revert(archs: Archs = None) -> Status:
         for name in select(archs):
             state = _states[name]
             state.pin.pinned = state.forced = False
+            state.pin.awaiting = None
             state.holders.clear()
             _uninstall(state)
         return status()
@@ -470,7 +484,12 @@ def _adapter_status(state: _State, version: Any) -> AdapterStatus:
     if state.check_reason:
         verdict = Support(verdict.level, f"{verdict.reason}; {state.check_reason}")
     here = (CALL.overrides or {}).get(adapter.arch)  # this thread's patched()/unpatched() choice, if any
-    if state.installed and (state.pin.pinned if here is None else here):
+    if state.pin.awaiting is not None and here is None:
+        entry = (
+            CHECKING,
+            "defined after apply(): checked on a tiny copy at its first call, patched if exact",
+        )
+    elif state.installed and (state.pin.pinned if here is None else here):
         entry = (APPLIED, verdict.reason)
     elif state.skip_reason is not None:
         entry = (SKIPPED, state.skip_reason)
@@ -547,7 +566,7 @@ def _install(state: _State, module: Any) -> list[Patch]:
         from .build import build  # imports torch: only now, when transformers has loaded it anyway
 
         try:
-            state.rows = build(state.adapter, module, state.pin)
+            state.rows = _ledger.shared(build(state.adapter, module, state.pin))
         except TypeError as exc:
             state.skip_reason, state.class_differs = str(exc), True
             state.pin.pinned = state.forced = False
@@ -617,6 +636,24 @@ def _checked(state: _State) -> bool:
     if state.checked is None and not state.check_reason and running is None:
         state.check_reason = "not checked yet"
     return state.checked is True or (running is not None and running[0] == threading.get_ident())
+
+
+def _first_call(name: str) -> None:
+    """The first eager call of a custom class defined while ``apply()`` holds: its check (outside the
+    lock), then the pin where it passes; where it does not, the class is stock again. A call inside the
+    check itself (its tiny copy's) or while its module still imports changes nothing yet."""
+    state = _states[name]
+    _check_classes([name])
+    with _lock:
+        if state.checked is None or state.pin.awaiting is None:
+            return
+        state.pin.awaiting = None
+        if state.checked and _WATCH.pinned:
+            _want([name], holder=None)
+        elif not state.checked:
+            state.skip_reason = state.check_reason
+            if not state.holders:
+                _uninstall(state)
 
 
 def _check_classes(names: list[str]) -> None:
@@ -702,15 +739,11 @@ def _subclass_hook(base: type, original: Any) -> classmethod:
             return  # transformers' own classes: declared, or known and not patched
         try:
             with _lock:
-                name = None
                 if _WATCH.pinned and cls not in _seen:
                     _seen.add(cls)
                     name = _notice(cls)
-            if name is not None:
-                _check_classes([name])  # outside the lock
-                with _lock:
-                    if _WATCH.pinned:
-                        _rebind_hooked(_want([name], holder=None))
+                    if name is not None:  # installed unpinned: its check runs at its first call
+                        _rebind_hooked(_want([name], holder=None, at_first_call=True))
         except Exception:  # noqa: BLE001 - never break the definition of a class
             pass
 

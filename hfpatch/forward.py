@@ -84,6 +84,8 @@ def make_forward(adapter: Adapter, original: Callable, plan: Plan, pin: Pin) -> 
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         # every step runs this: attribute reads, membership tests and subscripts first, few calls
         if not pin.fast and not is_compiling():
+            if pin.awaiting is not None:  # a class defined after apply(): checked at its first call
+                pin.awaiting()
             if WATCHERS[0] and not CALL.watching:  # hfpatch.audit, hfpatch.shadow: this call is theirs first
                 return watched(forward, self, adapter, plan, pin, args, kwargs)
             if not patched_here(pin):

@@ -75,6 +75,18 @@ class Ledger:
                 return True
         return False
 
+    def shared(self, rows: tuple[Patch, ...]) -> tuple[Patch, ...]:
+        """``rows`` as built, except those built over a row installed now (their ``original`` is its
+        replacement): the installed row itself, which they share, so that no row wraps another one's
+        replacement or puts it back at revert."""
+        found = []
+        for row in rows:
+            installed = self._rows.get(row.key)
+            found.append(
+                installed[0] if installed is not None and row.original is installed[0].replacement else row
+            )
+        return tuple(found)
+
     def install(self, pin: Pin, rows: tuple[Patch, ...]) -> list[Patch]:
         """Install ``rows`` for the adapter of ``pin``; a row another adapter installed is shared. Returns
         the rows set on their classes now."""

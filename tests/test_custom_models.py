@@ -210,12 +210,12 @@ def test_a_model_whose_positions_mean_something_else_is_left_alone(tmp_path, pro
     assert source != custom_models.FROM_SCRATCH
     module, model_type = custom_models.import_scratch(tmp_path, source)
     model = custom_models.built(module.ScratchLM, module.ScratchConfig(initializer_range=0.1))
-    entry = hfpatch.status()[model_type]
     ids, mask = torch.tensor([[0, 0, 5, 6, 7]]), torch.tensor([[0, 0, 1, 1, 1]])
     with torch.no_grad():
-        got = model(input_ids=ids, attention_mask=mask).logits
+        got = model(input_ids=ids, attention_mask=mask).logits  # its first call: checked first
         with stock():
             expected = model(input_ids=ids, attention_mask=mask).logits
+    entry = hfpatch.status()[model_type]
     sides = [
         both_sides(probe, lambda: max_diff(model, ROWS, run_padded(model, ROWS, chunks, left)))  # noqa: B023
         for chunks, left in CASES.values()
@@ -292,15 +292,22 @@ def test_the_check_runs_outside_the_engines_lock(tmp_path):
         engine.check_classes_with(classes.check)
 
 
-def test_the_check_leaves_the_programs_random_state_alone(tmp_path):
-    """Defining a recognised class runs its check on a tiny copy (random weights): the program's random
-    numbers after it are the ones it would have drawn."""
+def test_a_class_defined_after_apply_is_checked_at_its_first_call(tmp_path):
+    """Defining a recognised class while apply() holds runs nothing (no check inside its definition, its
+    module may still be importing); its first call runs the check on a tiny copy (random weights), after
+    which the program's random numbers are the ones it would have drawn, and that call is exact."""
+    kind = _patched_here()
+    config_class, causal, model_type = _classes(kind, tmp_path)  # defined with apply() holding
+    assert hfpatch.status()[model_type].state == "waiting for its check"
+    model = custom_models.built(causal, _config(config_class, kind))
+    chunks, left = CASES["right-padded prefix + 1 token"]
     torch.manual_seed(123)
     expected = torch.rand(3)
     torch.manual_seed(123)
-    _, _, model_type = _classes(_patched_here(), tmp_path)  # defined with apply() holding: checked here
+    got = run_padded(model, ROWS, chunks, left)  # the first call: checked, then patched
     assert torch.equal(torch.rand(3), expected)
-    assert hfpatch.status()[model_type].state == "applied"  # (the check ran)
+    assert hfpatch.status()[model_type].state == "applied"
+    assert max_diff(model, ROWS, got) <= TOLERANCE
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
