@@ -678,16 +678,16 @@ def _check_classes(names: list[str]) -> None:
                 theirs.append(running[1])
     for name, event in mine:
         state = _states[name]
+        checked, reason = None, "not checked yet (its check was interrupted)"
         try:
             checked, reason = _class_check[0](state.owner)
         except NameError as exc:  # its module is still being imported: checked at the next look
-            checked, reason = None, f"not checked yet (its module is being imported: {exc})"
+            reason = f"not checked yet (its module is being imported: {exc})"
         finally:
-            with _lock:
+            with _lock:  # recorded before the threads waiting for it wake
+                state.checked, state.check_reason = checked, reason
                 _checking.pop(name, None)
             event.set()
-        with _lock:
-            state.checked, state.check_reason = checked, reason
     for event in theirs:
         event.wait()
 
@@ -704,8 +704,8 @@ def check_classes_with(check: Callable[[type], tuple[bool, str]]) -> None:
 def _watch_new_classes() -> None:
     """While ``apply()`` holds, a subclass of ``PreTrainedModel`` defined later (a remote-code module
     imported, a class in the user's program) is looked at when it is created: a recognised one is
-    checked (outside the engine's lock) and patched there. Installed now if transformers is imported,
-    else when it is."""
+    installed unpinned there, checked at its first call (:func:`_first_call`). Installed now if
+    transformers is imported, else when it is."""
     _WATCH.pinned = True
     if _pretrained_model() is not None:
         _install_watch()
