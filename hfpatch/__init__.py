@@ -8,11 +8,11 @@
 import importlib
 from typing import Any
 
+from .custom import check_classes_with
 from .engine import (
     AdapterStatus,
     Status,
     apply,
-    check_classes_with,
     patched,
     registry,
     revert,

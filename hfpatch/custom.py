@@ -16,7 +16,8 @@ each row against itself alone. It is patched only where stock is wrong somewhere
 everywhere, so nothing becomes wrong where stock was right: positions that mean something else (2-D
 positions, an offset table, a model that derives them from the mask itself) fail the check, and
 ``status()`` says why. The check runs in the calling thread, under its own random state (the program's
-is untouched), in fp32 on the CPU.
+is untouched), in fp32 on the CPU, outside the engine's lock (:class:`Checks`): once per class, and a
+thread that wants a class another thread is checking waits for its verdict.
 """
 
 from __future__ import annotations
@@ -24,12 +25,15 @@ from __future__ import annotations
 import inspect
 import re
 import sys
+import threading
 import types
+import weakref
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple, Optional
 
 from .declarations import Adapter, Family
 
-__all__ = ["CUSTOM", "Recognised", "namespace", "recognise"]
+__all__ = ["CHECKS", "CUSTOM", "Checks", "Recognised", "check_classes_with", "namespace", "recognise"]
 
 CUSTOM = Family("custom")  # takes position_ids, as transformers' own decoders do
 _NONE_CHECK = re.compile(r"\bposition_ids\s+is\s+(not\s+)?None\b")
@@ -91,3 +95,69 @@ def namespace(cls: type) -> Any:
     found = types.SimpleNamespace(**names)
     found.__name__ = cls.__module__
     return found
+
+
+class Checks:
+    """The check a recognised class passes before it is patched: (patch it?, why), run once per class,
+    in the thread that first wants it, outside the engine's lock. While it runs, :meth:`checking_here`
+    tells the engine that the checking thread's own ``patched()`` blocks (its ``verify`` of the tiny
+    copy) may install the rows; a thread that wants a class another one is checking waits for its
+    verdict. Until the package wires the check in (:func:`check_classes_with`), nothing is checked."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._check: Optional[Callable[[type], tuple[bool, str]]] = None
+        self._verdicts: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # class -> (bool, why)
+        self._running: dict[type, tuple[int, threading.Event]] = {}  # class -> (its thread, set when done)
+
+    def use(self, check: Callable[[type], tuple[bool, str]]) -> None:
+        self._check = check
+
+    def verdict(self, cls: type) -> tuple[Optional[bool], str]:
+        """(True: patch it, False: leave it alone, None: not checked yet), why."""
+        return self._verdicts.get(cls, (None, "not checked yet"))
+
+    def checking_here(self, cls: type) -> bool:
+        running = self._running.get(cls)
+        return running is not None and running[0] == threading.get_ident()
+
+    def run(self, classes: Iterable[type]) -> None:
+        """Check each of ``classes`` without a verdict yet, in this thread; then wait for those another
+        thread is checking. Call it without the engine's lock held."""
+        if self._check is None:
+            return
+        mine: list[tuple[type, threading.Event]] = []
+        theirs: list[threading.Event] = []
+        with self._lock:
+            for cls in classes:
+                if self.verdict(cls)[0] is not None:
+                    continue
+                running = self._running.get(cls)
+                if running is None:
+                    event = threading.Event()
+                    self._running[cls] = (threading.get_ident(), event)
+                    mine.append((cls, event))
+                elif running[0] != threading.get_ident():
+                    theirs.append(running[1])
+        for cls, event in mine:
+            verdict: tuple[Optional[bool], str] = (None, "not checked yet (its check was interrupted)")
+            try:
+                verdict = self._check(cls)
+            except NameError as exc:  # its module is still being imported: checked at the next look
+                verdict = (None, f"not checked yet (its module is being imported: {exc})")
+            finally:
+                with self._lock:  # recorded before the threads waiting for it wake
+                    self._verdicts[cls] = verdict
+                    del self._running[cls]
+                event.set()
+        for event in theirs:
+            event.wait()
+
+
+CHECKS = Checks()
+
+
+def check_classes_with(check: Callable[[type], tuple[bool, str]]) -> None:
+    """The check a recognised class outside transformers must pass before it is patched: (patch it?,
+    why). The package sets it (``hfpatch/__init__.py``); until then no such class is patched."""
+    CHECKS.use(check)

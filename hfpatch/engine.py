@@ -79,7 +79,7 @@ class _State:
 
     __slots__ = (
         "adapter", "pin", "holders", "hooked", "forced", "rows", "installed", "skip_reason", "class_differs",
-        "owner", "checked", "check_reason",
+        "owner",
     )  # fmt: skip
 
     def __init__(self, adapter: Adapter, owner: Optional[type] = None) -> None:
@@ -93,12 +93,19 @@ class _State:
         self.skip_reason: Optional[str] = None
         self.class_differs = False  # its module's class is not the one it patches (its build failed)
         self.owner = owner  # a class outside transformers (hfpatch.custom), else None
-        self.checked: Optional[bool] = None  # its check on a tiny copy: None (not yet, or running)
-        self.check_reason = ""
 
     @property
     def wanted(self) -> bool:
         return self.pin.pinned or bool(self.holders)
+
+    @property
+    def checked(self) -> Optional[bool]:
+        """A custom class's check on a tiny copy: passed, failed, or None (not yet, or running)."""
+        return custom.CHECKS.verdict(self.owner)[0] if self.owner is not None else None
+
+    @property
+    def check_reason(self) -> str:
+        return custom.CHECKS.verdict(self.owner)[1] if self.owner is not None else ""
 
 
 _lock = threading.RLock()
@@ -108,8 +115,6 @@ _aliases: dict[str, str] = {}  # model type -> the adapter that patches its clas
 _states: dict[str, _State] = {}
 _left_alone: dict[str, str] = {}  # classes outside transformers that look like decoders, not patched: why
 _seen: weakref.WeakSet[type] = weakref.WeakSet()  # subclasses of PreTrainedModel looked at
-# custom model types whose check on a tiny copy is running: (the checking thread, set when it is done)
-_checking: dict[str, tuple[int, threading.Event]] = {}
 _ledger = Ledger()
 _warned: set[str] = set()  # warnings already given in this process
 _applied_by: list[str] = []  # how apply() was called in this process, when not by the program itself
@@ -632,10 +637,7 @@ def _notice(cls: type) -> Optional[str]:
 def _checked(state: _State) -> bool:
     """Whether a custom class passed its check on a tiny copy (:func:`_check_classes` ran it); while it
     runs, its own ``verify`` in the checking thread installs the rows for that thread's blocks."""
-    running = _checking.get(state.adapter.arch)
-    if state.checked is None and not state.check_reason and running is None:
-        state.check_reason = "not checked yet"
-    return state.checked is True or (running is not None and running[0] == threading.get_ident())
+    return state.checked is True or custom.CHECKS.checking_here(state.owner)
 
 
 def _first_call(name: str) -> None:
@@ -657,48 +659,11 @@ def _first_call(name: str) -> None:
 
 
 def _check_classes(names: list[str]) -> None:
-    """Run the check on a tiny copy of each custom class among ``names`` not checked yet, once, in this
-    thread and outside the engine's lock (other threads' status(), apply() and blocks go on meanwhile);
-    a class another thread is checking is waited for. Called without the lock held."""
-    if not _class_check:
-        return
-    mine: list[tuple[str, threading.Event]] = []
-    theirs: list[threading.Event] = []
+    """The check on a tiny copy of each custom class among ``names`` not checked yet
+    (:data:`hfpatch.custom.CHECKS`), run outside the engine's lock. Called without it held."""
     with _lock:
-        for name in names:
-            state = _states[name]
-            if state.owner is None or state.checked is not None:
-                continue
-            running = _checking.get(name)
-            if running is None:
-                event = threading.Event()
-                _checking[name] = (threading.get_ident(), event)
-                mine.append((name, event))
-            elif running[0] != threading.get_ident():
-                theirs.append(running[1])
-    for name, event in mine:
-        state = _states[name]
-        checked, reason = None, "not checked yet (its check was interrupted)"
-        try:
-            checked, reason = _class_check[0](state.owner)
-        except NameError as exc:  # its module is still being imported: checked at the next look
-            reason = f"not checked yet (its module is being imported: {exc})"
-        finally:
-            with _lock:  # recorded before the threads waiting for it wake
-                state.checked, state.check_reason = checked, reason
-                _checking.pop(name, None)
-            event.set()
-    for event in theirs:
-        event.wait()
-
-
-_class_check: list[Callable[[type], tuple[bool, str]]] = []  # hfpatch.verification.classes.check
-
-
-def check_classes_with(check: Callable[[type], tuple[bool, str]]) -> None:
-    """The check a recognised class outside transformers must pass before it is patched: (patch it?,
-    why). The package sets it (``hfpatch/__init__.py``); until then no such class is patched."""
-    _class_check[:] = [check]
+        owners = [_states[name].owner for name in names if _states[name].owner is not None]
+    custom.CHECKS.run(owners)
 
 
 def _watch_new_classes() -> None:

@@ -262,7 +262,7 @@ def test_patched_block_reaches_a_class_defined_without_apply(tmp_path):
 def test_the_check_runs_outside_the_engines_lock(tmp_path):
     """A class's check on a tiny copy holds no lock that other threads need: while it runs in one thread
     (held here until released), status() in another finishes; the check's verdict then patches it."""
-    from hfpatch import engine
+    from hfpatch import custom
     from hfpatch.verification import classes
 
     hfpatch.revert()
@@ -273,7 +273,7 @@ def test_the_check_runs_outside_the_engines_lock(tmp_path):
         assert go.wait(120)
         return classes.check(cls)
 
-    engine.check_classes_with(held_check)
+    custom.check_classes_with(held_check)
     try:
         _, _, model_type = _classes(_patched_here(), tmp_path)  # defined without apply(): not checked yet
         checking = threading.Thread(target=hfpatch.apply)
@@ -289,7 +289,7 @@ def test_the_check_runs_outside_the_engines_lock(tmp_path):
         assert hfpatch.status()[model_type].state == "applied"
     finally:
         go.set()
-        engine.check_classes_with(classes.check)
+        custom.check_classes_with(classes.check)
 
 
 def test_a_class_defined_after_apply_is_checked_at_its_first_call(tmp_path):
