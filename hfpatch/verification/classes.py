@@ -23,9 +23,12 @@ MAX_PARAMETERS = (
 
 
 def check(cls: type) -> tuple[bool, str]:
-    """(patch ``cls``?, why). ``NameError`` passes through: the class's module is still being imported."""
+    """(patch ``cls``?, why). ``NameError`` passes through: the class's module is still being imported.
+    Run apart from the caller's context (it may be a model's first call): on the CPU by default, without
+    autocast, outside inference mode."""
     try:
-        return verdict(verify(tiny_copy(cls), static=False))
+        with torch.device("cpu"), torch.autocast("cpu", enabled=False), torch.inference_mode(False):
+            return verdict(verify(tiny_copy(cls), static=False))
     except NameError:
         raise
     except Exception as exc:  # noqa: BLE001 - whatever the class raises: not patched, and why
