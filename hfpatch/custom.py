@@ -28,12 +28,24 @@ import sys
 import threading
 import types
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple, Optional
 
 from .declarations import Adapter, Family
+from .patches import ABSENT
 
-__all__ = ["CHECKS", "CUSTOM", "Checks", "Recognised", "check_classes_with", "namespace", "recognise"]
+__all__ = [
+    "CHECKS",
+    "CUSTOM",
+    "Checks",
+    "Recognised",
+    "check_classes_with",
+    "namespace",
+    "pretrained_model",
+    "recognise",
+    "subclass_hook",
+    "unseen_subclasses",
+]
 
 CUSTOM = Family("custom")  # takes position_ids, as transformers' own decoders do
 _NONE_CHECK = re.compile(r"\bposition_ids\s+is\s+(not\s+)?None\b")
@@ -161,3 +173,41 @@ def check_classes_with(check: Callable[[type], tuple[bool, str]]) -> None:
     """The check a recognised class outside transformers must pass before it is patched: (patch it?,
     why). The package sets it (``hfpatch/__init__.py``); until then no such class is patched."""
     CHECKS.use(check)
+
+
+def pretrained_model() -> Optional[type]:
+    """transformers' ``PreTrainedModel``, where transformers is imported (else None: nothing to look at)."""
+    module = sys.modules.get("transformers.modeling_utils")
+    return getattr(module, "PreTrainedModel", None)
+
+
+def unseen_subclasses(seen: Any) -> Iterator[type]:
+    """Every subclass of ``PreTrainedModel`` not in ``seen`` yet (added to it as it is yielded)."""
+    base = pretrained_model()
+    stack = list(type.__subclasses__(base)) if base is not None else []
+    while stack:
+        cls = stack.pop()
+        stack.extend(type.__subclasses__(cls))
+        if cls not in seen:
+            seen.add(cls)
+            yield cls
+
+
+def subclass_hook(base: type, original: Any, on_class: Callable[[type], None]) -> classmethod:
+    """The ``__init_subclass__`` hfpatch puts on ``base`` (``PreTrainedModel``) while ``apply()`` holds:
+    the class's own (``original``, or ``object``'s), then ``on_class`` for a class outside transformers.
+    Nothing it does may break the definition of a class."""
+
+    def __init_subclass__(cls: type, **kwargs: Any) -> None:
+        if original is ABSENT:
+            super(base, cls).__init_subclass__(**kwargs)
+        else:
+            original.__get__(None, cls)(**kwargs)
+        if cls.__module__.startswith("transformers."):
+            return  # transformers' own classes: declared, or known and not patched
+        try:
+            on_class(cls)
+        except Exception:  # noqa: BLE001 - never break the definition of a class
+            pass
+
+    return classmethod(__init_subclass__)

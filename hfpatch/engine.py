@@ -603,21 +603,8 @@ def custom_adapter(cls: type) -> Optional[Adapter]:
 
 
 def _discover() -> None:
-    base = _pretrained_model()
-    if base is None:
-        return
-    stack = list(type.__subclasses__(base))
-    while stack:
-        cls = stack.pop()
-        stack.extend(type.__subclasses__(cls))
-        if cls not in _seen:
-            _seen.add(cls)
-            _notice(cls)
-
-
-def _pretrained_model() -> Optional[type]:
-    module = sys.modules.get("transformers.modeling_utils")
-    return getattr(module, "PreTrainedModel", None)
+    for cls in custom.unseen_subclasses(_seen):
+        _notice(cls)
 
 
 def _notice(cls: type) -> Optional[str]:
@@ -672,7 +659,7 @@ def _watch_new_classes() -> None:
     installed unpinned there, checked at its first call (:func:`_first_call`). Installed now if
     transformers is imported, else when it is."""
     _WATCH.pinned = True
-    if _pretrained_model() is not None:
+    if custom.pretrained_model() is not None:
         _install_watch()
     elif not _watch_hooked:
         import wrapt
@@ -686,33 +673,22 @@ _watch_hooked: list[bool] = []  # the post-import hook is registered (wrapt keep
 
 def _install_watch(*_: Any) -> None:
     with _lock:
-        base = _pretrained_model()
+        base = custom.pretrained_model()
         if base is not None and _WATCH.pinned and not _ledger.installed_by(_WATCH):
             original = base.__dict__.get("__init_subclass__", ABSENT)
-            _ledger.install(
-                _WATCH, (Patch(base, "__init_subclass__", original, _subclass_hook(base, original)),)
-            )
+            hook = custom.subclass_hook(base, original, _on_new_class)
+            _ledger.install(_WATCH, (Patch(base, "__init_subclass__", original, hook),))
 
 
-def _subclass_hook(base: type, original: Any) -> classmethod:
-    def __init_subclass__(cls: type, **kwargs: Any) -> None:
-        if original is ABSENT:
-            super(base, cls).__init_subclass__(**kwargs)
-        else:
-            original.__get__(None, cls)(**kwargs)
-        if cls.__module__.startswith("transformers."):
-            return  # transformers' own classes: declared, or known and not patched
-        try:
-            with _lock:
-                if _WATCH.pinned and cls not in _seen:
-                    _seen.add(cls)
-                    name = _notice(cls)
-                    if name is not None:  # installed unpinned: its check runs at its first call
-                        _rebind_hooked(_want([name], holder=None, at_first_call=True))
-        except Exception:  # noqa: BLE001 - never break the definition of a class
-            pass
-
-    return classmethod(__init_subclass__)
+def _on_new_class(cls: type) -> None:
+    """A subclass of ``PreTrainedModel`` outside transformers was just defined (the watch's hook): a
+    recognised one is installed unpinned, its check left to its first call."""
+    with _lock:
+        if _WATCH.pinned and cls not in _seen:
+            _seen.add(cls)
+            name = _notice(cls)
+            if name is not None:
+                _rebind_hooked(_want([name], holder=None, at_first_call=True))
 
 
 def _uninstall(state: _State) -> None:
