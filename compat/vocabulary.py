@@ -54,6 +54,9 @@ CUSTOM_NOT_PATCHED = {
     # MASK_437 (Mistral, Mixtral; Qwen2 is declared from 4.39): wrong with the right positions, eager too
     ("custom-qwen2", "4.37.2"): "the release's own mask: wrong with the right positions",
     ("custom-qwen2", "4.38.2"): "the release's own mask: wrong with the right positions",
+    # Qwen2's 4-D mask decides its window by cache column there (the Qwen2 adapter is known-bad there)
+    ("custom-qwen2", "4.40.2"): "the release's own mask: its window by cache column",
+    ("custom-qwen2", "4.41.2"): "the release's own mask: its window by cache column",
 }
 
 

@@ -71,7 +71,8 @@ CREATORS = (
     "create_masks_for_generate",
 )  # fmt: skip
 # ``if not isinstance(causal_mask_mapping := attention_mask, dict):``, whatever the name
-_TAKES_DICT = re.compile(r"isinstance\(\s*\w+\s*:=\s*attention_mask\s*,\s*dict\s*\)")
+# (the walrus in parentheses too: ast.unparse writes it so)
+_TAKES_DICT = re.compile(r"isinstance\(\s*\(?\s*\w+\s*:=\s*attention_mask\s*\)?\s*,\s*dict\s*\)")
 _AS_GIVEN = re.compile(r"(?:dim\(\)|ndim) == 4:(?:\s*#[^\n]*)*\s*causal_mask = attention_mask\b")
 
 
@@ -308,16 +309,19 @@ def text_config(model: Any) -> Any:
 
 
 def layer_types(config: Any, plan: Optional[MaskPlan] = None) -> list[str]:
+    """The attention kind of each layer (``config.layer_types``, or one kind for all from the config's
+    window or chunk). A config whose layer count cannot be read (4.56's Moonshine maps it to a field it
+    lacks) gives one entry per kind."""
     types = getattr(config, "layer_types", None)
-    count = config.num_hidden_layers
+    count = getattr(config, "num_hidden_layers", None)
     if types is None:
         windowed = getattr(config, "use_sliding_window", True) or (plan is not None and plan.switch_ignored)
         if getattr(config, "sliding_window", None) is not None and windowed:
-            return [SLIDING] * count
+            return [SLIDING] * (count or 1)
         if getattr(config, "attention_chunk_size", None) is not None:
-            return [CHUNKED] * count
-        return [FULL] * count
-    return list(types[:count])
+            return [CHUNKED] * (count or 1)
+        return [FULL] * (count or 1)
+    return list(types[:count] if count else types)
 
 
 def window_of(config: Any, kind: str) -> Optional[tuple[Optional[int], Optional[int]]]:

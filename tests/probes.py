@@ -149,7 +149,7 @@ def judge_verification(probe: Probe, result: Any, stock_wrong_expected: bool) ->
     worst_patched = max((v for v in patched if not math.isnan(v)), default=math.nan)
     if not result.patches:
         probe.found(CLASS_DIFFERS, worst_stock, worst_patched)
-    elif any(math.isnan(v) for v in stocks):
+    elif any(math.isnan(s) and math.isnan(p) for s, p in zip(stocks, patched)):  # raised on both sides
         probe.found(STOCK_FAILS, worst_stock, worst_patched)
     elif any(math.isnan(v) for v in patched):
         probe.found(CLASS_DIFFERS, worst_stock, worst_patched)

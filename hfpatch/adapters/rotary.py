@@ -71,7 +71,7 @@ ADAPTERS = (
     Adapter("deepseek_v2", "DeepseekV2Model", ROTARY, "4.54"),
     Adapter("deepseek_v3", "DeepseekV3Model", ROTARY, "4.51", aliases=("sarvam_mla",)),
     Adapter("deepseek_v32", "DeepseekV32Model", ROTARY, "5.11"),
-    Adapter("deepseek_v4", "DeepseekV4Model", ROTARY, "5.8", known_bad=((">=5.8", COLUMN_WINDOW_BAD.format("its compressed attention", "0.55")),), packed=COMPRESSED_LAYERS),
+    Adapter("deepseek_v4", "DeepseekV4Model", ROTARY, "5.8", known_bad=((">=5.14", COLUMN_WINDOW_BAD.format("its compressed attention", "0.55")),), packed=COMPRESSED_LAYERS),
     Adapter("diffllama", "DiffLlamaModel", ROTARY, "4.48"),
     Adapter("doge", "DogeModel", ROTARY, "5.18"),
     Adapter("dory", "DoryModel", ROTARY, "5.24"),
