@@ -9,7 +9,7 @@ ABSOLUTE = Family("absolute")
 ADAPTERS = (
     # BERT as a decoder (is_decoder=True: the decoder of an encoder-decoder model, or a causal LM alone): its
     # LM-head class, so that BertModel as an encoder is left alone
-    Adapter("bert", "BertLMHeadModel", ABSOLUTE, "4.20", known_bad=((">=4.56,<5.0", "BERT with SDPA attention and a StaticCache fails on stock (a mask of the wrong length), so the release is not verified: use 5.0+"),)),
+    Adapter("bert", "BertLMHeadModel", ABSOLUTE, "4.20", known_bad=((">=4.54,<5.0", "BERT with SDPA attention and a StaticCache fails on stock (a mask of the wrong length), so the release is not verified: use 5.0+"),)),
     Adapter("biogpt", "BioGptModel", ABSOLUTE, "4.52"),  # before, no position_ids (its table reads the mask)
     Adapter("ctrl", "CTRLModel", ABSOLUTE, "4.20"),
     Adapter("gpt2", "GPT2Model", ABSOLUTE, "4.20", aliases=("gpt-sw3",)),
