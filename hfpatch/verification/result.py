@@ -23,8 +23,8 @@ class Row(NamedTuple):
     stock: float  # max |diff| on stock transformers (nan: it raised)
     patched: float  # with hfpatch; for a model hfpatch does not patch, with positions from the mask by hand
     error: str = ""  # what raised, if something did
-    # the most the judged column may differ: TOLERANCE, or the scenario's own fp32 noise (its control, the
-    # rows right-padded in one call, measured where the judged column is past TOLERANCE) four times over
+    # the most the judged column may differ: TOLERANCE, or four times the scenario's own fp32 noise (its
+    # controls, measured where the judged column is past TOLERANCE: scenarios.control_noise)
     tolerance: float = TOLERANCE
 
 
