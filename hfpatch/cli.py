@@ -143,6 +143,7 @@ def status(types: Sequence[str], prog: str = "hfpatch") -> int:
     """``hfpatch status``: ``apply()`` in this process; every model type's row (``print(status())``),
     or, for the types named, their modules imported (so the state is what a program that imports them
     gets) and each type's entry in full. Exit 2 for a type hfpatch does not know."""
+    import contextlib
     import importlib
     import textwrap
 
@@ -155,8 +156,9 @@ def status(types: Sequence[str], prog: str = "hfpatch") -> int:
         except KeyError as exc:
             print(f"{prog} status: {exc.args[0]}", file=sys.stderr)
             return CANNOT_RUN
-        if entry.target:
-            importlib.import_module(entry.target.split(":")[0])  # its post-import hook installs the patch
+        if entry.target:  # its post-import hook installs the patch (a release without the module: absent)
+            with contextlib.suppress(ImportError):
+                importlib.import_module(entry.target.split(":")[0])
     if not types:
         print(known)
         return OK
