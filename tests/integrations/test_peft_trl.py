@@ -68,7 +68,11 @@ def test_trl_grpo_per_token_log_probs():
     width = max(map(len, prompts))
     ids = torch.tensor([[PAD] * (width - len(p)) + p + c for p, c in zip(prompts, completions)])
     mask = (torch.arange(ids.shape[1])[None] >= torch.tensor([[width - len(p)] for p in prompts])).long()
-    trainer = types.SimpleNamespace(accelerator=Accelerator(cpu=True))  # what the method reads of self
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(True)  # a trainer made earlier in this process leaves its state (bf16)
+    accelerator = Accelerator(cpu=True, mixed_precision="no")
+    trainer = types.SimpleNamespace(accelerator=accelerator)  # what the method reads of self
 
     def log_probs():
         with torch.no_grad():
