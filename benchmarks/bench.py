@@ -821,7 +821,7 @@ def watching(batch: int, prompt: int, steps: int = 301) -> list[str]:
 
 def _watched_pair(model: Any, kwargs: dict, pair: tuple, after: Optional[Callable], steps: int) -> Paired:
     """Interleaved calls of two sides, each (label, context, make its watcher or None)."""
-    from hfpatch._context import unwatch, watch
+    from hfpatch.observers import unwatch, watch
 
     watchers = [make() if make is not None else None for _, _, make in pair]
 
@@ -1156,7 +1156,7 @@ def sections() -> dict[str, tuple[list[str], Callable[[], list[str]]]]:
                 "Llama, 4 layers, hidden 256, SDPA. Each row interleaves two sides on the same model and",
                 "inputs; its watcher (the audit's, or a shadow's at the rate shown) is registered for its side",
                 "only, outside the timing. The audit runs stock and judges each call; the shadow at 100 %",
-                "re-runs one row alone on every padded uncached call (a cropped cache is let go, so the decode",
+                "re-runs every row alone on every padded uncached call (a cropped cache is let go, so the decode",
                 "regime has no 100 % row). The A/A row runs stock on both sides: the noise floor.",
                 "",
                 "| regime | sides | first (ms) | second (ms) | ratio (interquartile range) |",
