@@ -41,7 +41,6 @@ from ..verification.scenarios import (
     WINDOW,
     Probe,
     Scenario,
-    control_noise,
     is_seq2seq,
     model_probes,
     noise_tolerance,
@@ -198,7 +197,7 @@ def assert_padding_invariant(
         if tolerance is None and dtype not in RELATIVE and base < worst <= NOISE_CAP:
             # fp32's own noise at these lengths and splits (controls that change no position), where it
             # is more than the base tolerance: four times it, at most NOISE_CAP
-            allowed = max(base, _noise_tolerance(control, alone))
+            allowed = max(base, noise_tolerance(*control, alone))
         bound = max(bound, allowed)
         for r, (batch_row, own) in enumerate(zip(got, alone)):
             diffs = (batch_row.float() - own.float()).abs().flatten(1).amax(-1)  # per token
@@ -210,14 +209,6 @@ def assert_padding_invariant(
     if not report.ok:
         raise AssertionError(str(report))
     return report
-
-
-def _noise_tolerance(control: tuple, alone: list) -> float:
-    """The tolerance a scenario's controls give (:func:`control_noise`); FP32 where one cannot run."""
-    try:
-        return noise_tolerance(control_noise(*control, alone))
-    except Exception:  # noqa: BLE001 - no control: the fixed tolerance decides
-        return FP32
 
 
 def _weights_dtype(model: Any) -> Optional[torch.dtype]:

@@ -32,7 +32,6 @@ from .scenarios import (
     Inputs,
     PositionsByHand,
     Probe,
-    control_noise,
     is_seq2seq,
     model_probes,
     noise_tolerance,
@@ -233,20 +232,10 @@ def _run_scenario(model: Any, adapter: Optional[Adapter], probe: Probe) -> Row:
             errors.append((which, f"{type(exc).__name__}: {first_line(exc, 100)}"))
             continue
         if which == judged and TOLERANCE < results[which] <= NOISE_CAP:
-            tolerance = _noise_tolerance(*side(which), rows, scenario, name, inputs, alone)  # a fresh context
+            context, call = side(which)  # a fresh context
+            with context:
+                tolerance = noise_tolerance(call, rows, scenario, name, inputs, alone)
     if len(errors) == 2 and errors[0][1] == errors[1][1]:  # the same on both sides: said once
         return Row(probe.name, results["stock"], results["hfpatch"], f"both sides: {errors[0][1]}", tolerance)
     error = "; ".join(f"{which}: {text}" for which, text in errors)
     return Row(probe.name, results["stock"], results["hfpatch"], error, tolerance)
-
-
-def _noise_tolerance(
-    context: Any, call: Any, rows: list, scenario: Any, name: Any, inputs: Inputs, alone: list
-) -> float:
-    """The tolerance of a scenario from its control on the judged side (fp32's own noise at its lengths);
-    TOLERANCE where the control cannot run."""
-    try:
-        with context:
-            return noise_tolerance(control_noise(call, rows, scenario, name, inputs, alone))
-    except Exception:  # noqa: BLE001 - no control: the fixed tolerance decides
-        return TOLERANCE

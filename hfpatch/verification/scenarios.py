@@ -513,7 +513,14 @@ def control_noise(
     return noise if noise <= WRONG else 0.0
 
 
-def noise_tolerance(noise: float) -> float:
-    """The fp32 tolerance of a scenario whose control measured ``noise``: FP32, or four times the noise
-    where that is more, at most NOISE_CAP (a wrong position is 1e-2 off or more)."""
+def noise_tolerance(
+    call: Callable, rows: list, scenario: Scenario, cache_kw: Optional[str], inputs: Any, alone: list
+) -> float:
+    """The fp32 tolerance of a scenario from its controls (:func:`control_noise`): FP32, or four times
+    their noise where that is more, at most NOISE_CAP (a wrong position is 1e-2 off or more); FP32 where
+    a control cannot run."""
+    try:
+        noise = control_noise(call, rows, scenario, cache_kw, inputs, alone)
+    except Exception:  # noqa: BLE001 - no control: the fixed tolerance decides
+        return FP32
     return max(FP32, min(4 * noise, NOISE_CAP))
