@@ -12,8 +12,8 @@ The class's own ``forward`` is replaced, so models built earlier are fixed too.
 Who gets the patched result: ``apply()`` pins an adapter for the whole process (until ``revert()``).
 ``patched()`` and ``unpatched()`` blocks decide for their own thread only (like ``torch.no_grad()``):
 the installed forward reads this thread's choice (:data:`hfpatch._context.CALL`) at each eager call,
-so a block in one thread never changes what another thread computes. Compiled code is traced once and
-follows the installed patch.
+so a block in one thread never changes what another thread computes. Compiled code reads the same
+(dynamo guards on the pin and the thread's choice, and traces again when they change).
 """
 
 from __future__ import annotations
@@ -435,7 +435,8 @@ def unpatched(archs: Archs = None) -> Iterator[Status]:
     """Stock transformers in this thread inside the block (every adapter, or the named ones): the
     patched forward calls the original at once. Nothing global changes: other threads keep what they
     had, and on exit this thread's previous choice is back. For comparing with stock (``verify``, the
-    doctor and the tests use it). Compiled code is traced once and does not follow it.
+    doctor and the tests use it). Compiled code follows it too (a graph traced inside the block is
+    stock's).
 
     >>> with hfpatch.unpatched(["gpt2"]):   # doctest: +SKIP
     ...     stock_logits = model(input_ids, attention_mask=mask).logits

@@ -61,9 +61,9 @@ Derived = Optional[tuple[torch.Tensor, int, Union[int, torch.Tensor]]]
 def make_forward(adapter: Adapter, original: Callable, plan: Plan, pin: Pin) -> Callable:
     """Build the plain function installed as ``adapter``'s ``forward`` (no wrapt proxy: dynamo needs it).
 
-    ``pin.pinned``: whether ``apply()`` holds the patch process-wide; in eager mode a thread's own
-    ``patched()`` / ``unpatched()`` blocks decide for that thread (:data:`hfpatch._context.CALL`);
-    compiled code is always patched (it is traced once, with what is installed)."""
+    ``pin.pinned``: whether ``apply()`` holds the patch process-wide; a thread's own ``patched()`` /
+    ``unpatched()`` blocks decide for that thread (:data:`hfpatch._context.CALL`), in compiled code too
+    (dynamo guards on the pin and the thread's choice: a change retraces once)."""
     arch, fill, cache_kw, eager_mask, masks = (
         adapter.arch,
         FILLERS[plan.era],
@@ -83,11 +83,14 @@ def make_forward(adapter: Adapter, original: Callable, plan: Plan, pin: Pin) -> 
     @functools.wraps(original)  # keeps __wrapped__, so inspect.signature shows the original parameters
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         # every step runs this: attribute reads, membership tests and subscripts first, few calls
-        if not pin.fast and not is_compiling():
-            if pin.awaiting is not None:  # a class defined after apply(): checked at its first call
-                pin.awaiting()
-            if WATCHERS[0] and not CALL.watching:  # hfpatch.audit, hfpatch.shadow: this call is theirs first
-                return watched(forward, self, adapter, plan, pin, args, kwargs)
+        if not pin.fast:
+            if not is_compiling():
+                if pin.awaiting is not None:  # a class defined after apply(): checked at its first call
+                    pin.awaiting()
+                if WATCHERS[0] and not CALL.watching:  # hfpatch.audit, hfpatch.shadow: theirs first
+                    return watched(forward, self, adapter, plan, pin, args, kwargs)
+            # (compiled code too: dynamo guards on the pin and this thread's choice, so a graph traced
+            # inside unpatched(), the audit or the shadow, or before a class's check, runs stock)
             if not patched_here(pin):
                 return original(self, *args, **kwargs)
         if args:
@@ -202,7 +205,8 @@ def given_masks(model: Any, adapter: Adapter, plan: Plan, kwargs: dict, cache: A
                 model, masks, plan.cache_kw, kwargs, cache, mask, mask.shape[1], 0, (positions, segment_ids)
             ):
                 return
-            if why != "":  # (""): transformers' own packed path, exact
+            if why != "" and not torch.compiler.is_compiling():  # (""): transformers' own path, exact
+                # (compiled code treats every such call as packed, restarting or not: no word there)
                 warn_not_kept(adapter.arch, why or "its layer types take no mask by position")
             return
     if masks is not None and masks.windowed:

@@ -128,7 +128,7 @@ def _is_no_grad(function: Any) -> Optional[bool]:
 
 def per_row_forward(rotary: Rotary, users: Users) -> Callable:
     """The replacement rotary ``forward``: per-row scaling for longrope and dynamic NTK in a call where
-    an adapter of its module (``users``) is patched (compiled code: always), transformers' own scaling
+    an adapter of its module (``users``) is patched (compiled code alike), transformers' own scaling
     otherwise. It takes the place of transformers' ``dynamic_rope_update`` wrapper (under the same
     ``torch.no_grad()`` where the release has one): for a rope type whose scaling does not depend on the
     length it calls the undecorated forward, as that wrapper does, so a call pays no extra frame. Above
@@ -162,7 +162,7 @@ def _scaled_forward(stock: Callable, raw: Callable, users: Users) -> Callable:
         kind = scaled_rope_kind(rope_type)
         if kind is None or (kind == DYNAMIC and not ntk_takes_tensors):
             return stock(self, x, position_ids, *args, **kwargs)
-        if not torch.compiler.is_compiling() and not users.any_patched_here():
+        if not users.any_patched_here():  # (compiled code too: dynamo guards on the pins)
             return stock(self, x, position_ids, *args, **kwargs)
         lengths = _row_lengths(position_ids)
         prefix = "" if layer_type is None else f"{layer_type}_"

@@ -219,3 +219,57 @@ def test_dynamic_shapes_prompt_length_adds_no_recompiles(model):
     stock_first(lambda: run("stock"))
     run("hfpatch")
     assert counts["hfpatch"] <= counts["stock"], counts
+
+
+def _left_padded(seed: int) -> dict:
+    a, b = random_rows([3, 5], seed=seed)
+    return {
+        "input_ids": torch.tensor([[0, 0] + a, b]),
+        "attention_mask": torch.tensor([[0, 0, 1, 1, 1], [1] * 5]),
+    }
+
+
+def test_compiled_calls_follow_unpatched_and_the_audit(model):
+    """I10: a graph traced inside ``unpatched()`` or under the audit (which holds the patch unpinned)
+    gives stock's logits there, and the patched ones again outside; the eager calls of each context are
+    the reference (the rows here have left padding: stock and hfpatch differ where positions are absolute
+    or the model is not rotary-exact)."""
+    import hfpatch
+
+    kwargs = _left_padded(seed=45)
+    with torch.no_grad():
+        patched = model(**kwargs).logits
+        with hfpatch.unpatched():
+            stock_eager = model(**kwargs).logits
+        compiled = torch.compile(model, fullgraph=True, backend="eager")
+        with hfpatch.unpatched():
+            assert torch.equal(compiled(**kwargs).logits, stock_eager)
+        assert torch.equal(compiled(**kwargs).logits, patched)
+        hfpatch.revert()
+        try:
+            with hfpatch.audit():  # the program's results unchanged: stock's
+                assert torch.equal(compiled(**kwargs).logits, stock_eager)
+        finally:
+            hfpatch.apply()
+        assert torch.equal(compiled(**kwargs).logits, patched)
+
+
+def test_compiled_positions_on_a_model_that_keeps_no_packed_rows_say_nothing(recwarn):
+    """A compiled call with the caller's positions on a model whose packed rows are not kept (RecurrentGemma:
+    its recurrent blocks): one graph under fullgraph=True, no warning from inside the trace, stock's
+    logits (an ordinary padded batch whose positions never restart)."""
+    from hfpatch.verification.tiny import tiny_model
+
+    if TF < __import__("packaging.version").version.Version("4.40"):
+        pytest.skip(f"no RecurrentGemma in transformers {TF}")
+    model = tiny_model("recurrent_gemma", attention="eager")
+    kwargs = _left_padded(seed=46)
+    kwargs["position_ids"] = new_token_positions(kwargs["attention_mask"], 5)
+    counter = CompileCounter()
+    with torch.no_grad():
+        with reverted():
+            want = model(**kwargs).logits
+        got = torch.compile(model, fullgraph=True, backend=counter)(**kwargs).logits
+    assert counter.frame_count == 1
+    assert torch.equal(got, want)
+    assert not [w for w in recwarn if "hfpatch" in str(w.message)], [str(w.message) for w in recwarn]
