@@ -155,8 +155,11 @@ class Status(Mapping):
         shadow: Optional[Mapping[str, Any]] = None,
     ) -> None:
         self.transformers = transformers
-        # this process's hfpatch.shadow checks: rows ``checked``, ``mismatches``, the ``worst`` |difference|
-        self.shadow = MappingProxyType(dict(shadow or {"checked": 0, "mismatches": 0, "worst": 0.0}))
+        # this process's hfpatch.shadow checks: rows ``checked``, ``mismatches``, the ``worst`` |difference|,
+        # and the calls it did not check, by reason (``skipped``; calls sampled out are not counted)
+        counts = dict(shadow or {"checked": 0, "mismatches": 0, "worst": 0.0, "skipped": {}})
+        counts["skipped"] = MappingProxyType(dict(counts.get("skipped", {})))
+        self.shadow = MappingProxyType(counts)
         # "import hfpatch.auto", the launcher, the Ray setup hook, "hfpatch.apply() in this program", or
         # "" where nothing applied hfpatch
         self.applied_by = applied_by
@@ -206,9 +209,11 @@ class Status(Mapping):
             lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)))
             if entry is not None and entry.reason:
                 lines += textwrap.wrap(entry.reason, 100, initial_indent="    ", subsequent_indent="    ")
-        if self.shadow["checked"]:
+        if self.shadow["checked"] or self.shadow["skipped"]:
+            skipped = sum(self.shadow["skipped"].values())
             lines.append(
                 f"shadow checks: {self.shadow['checked']} rows, {self.shadow['mismatches']} mismatches"
+                + (f", {skipped} calls not checked (status().shadow['skipped'] says why)" if skipped else "")
             )
         lines.append("Patch before torch.compile, or call torch._dynamo.reset() after apply()/revert().")
         return "\n".join(line.rstrip() for line in lines)

@@ -36,7 +36,8 @@ __all__ = [
 # the observers of every patched forward's calls, outermost first: each is called as
 # ``watcher(seen, call)`` and returns ``call()``; a tuple, replaced whole (a call reads it without a lock)
 WATCHERS: list[tuple[Callable, ...]] = [()]
-SHADOW_COUNTS = {"checked": 0, "mismatches": 0, "worst": 0.0}  # this process's hfpatch.shadow checks
+# this process's hfpatch.shadow checks, and the calls it let go, by reason
+SHADOW_COUNTS: dict[str, Any] = {"checked": 0, "mismatches": 0, "worst": 0.0, "skipped": {}}
 _LOCK = threading.Lock()
 
 

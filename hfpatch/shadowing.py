@@ -42,6 +42,9 @@ __all__ = ["ShadowMismatch", "ShadowReport", "shadow", "shadow_this_process"]
 # arguments a row can be run alone with; any other tensor argument (token types, images) is let go
 TAKEN = {"input_ids", "inputs_embeds", "attention_mask", "use_cache", "return_dict", "output_attentions",
          "output_hidden_states", *CACHE_NAMES}  # fmt: skip
+# what a task head hands its base model for the loss alone (Trainer's token count): the outputs compared
+# do not depend on it, and the row alone runs without it
+FOR_THE_LOSS = ("num_items_in_batch",)
 
 
 PACKED = "packed"  # a check of a packed batch (see _Watcher.before)
@@ -167,6 +170,8 @@ class _Watcher:
     def skip(self, why: str) -> None:
         with self.report._lock:
             self.report.skipped[why] = self.report.skipped.get(why, 0) + 1
+            skipped = SHADOW_COUNTS["skipped"]
+            skipped[why] = skipped.get(why, 0) + 1
 
     def sample(self, n: int = 0) -> float:
         with self.lock:
@@ -196,7 +201,7 @@ class _Watcher:
         if any(
             isinstance(v, torch.Tensor)
             for k, v in kwargs.items()
-            if k not in TAKEN and k not in ("position_ids", "cache_position")
+            if k not in TAKEN and k not in ("position_ids", "cache_position", *FOR_THE_LOSS)
         ):
             return self.skip("other inputs")
         if self._scaled(model):

@@ -233,3 +233,26 @@ def test_the_shadow_under_hfpatch_audit():
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "2 rows checked, 1 mismatches" in done.stderr, done.stderr  # stock GPT-2's left-padded row
+
+
+def test_calls_with_labels_are_checked_and_what_is_let_go_is_counted():
+    """A task head's call with labels (Trainer.evaluate's): the base model gets Trainer's token count for
+    the loss beside its inputs; the logits are compared all the same (stock GPT-2, left padding: row 0
+    wrong). A call the shadow lets go is counted in status().shadow['skipped'], by reason."""
+    if arch_skip_reason("gpt2"):
+        pytest.skip(arch_skip_reason("gpt2"))
+    model = tiny_model("gpt2")
+    ids = torch.randint(5, 60, (2, 5), generator=torch.Generator().manual_seed(0))
+    labels = ids.masked_fill(LEFT == 0, -100)
+    before = dict(hfpatch.status().shadow["skipped"])
+    with torch.no_grad(), hfpatch.unpatched(), pytest.warns(hfpatch.ShadowMismatch):
+        with hfpatch.shadow(rate=1.0) as report:
+            model(input_ids=ids, attention_mask=LEFT, labels=labels)
+            model(input_ids=ids, attention_mask=LEFT, labels=labels, num_items_in_batch=torch.tensor(6))
+            model.train()
+            model(input_ids=ids, attention_mask=LEFT, labels=labels)  # dropout: not checked
+            model.eval()
+    assert report.checked == 4 and report.mismatches == 2, report
+    assert report.skipped == {"training mode (dropout)": 1}, report
+    after = hfpatch.status().shadow["skipped"]
+    assert after["training mode (dropout)"] == before.get("training mode (dropout)", 0) + 1
