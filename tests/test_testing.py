@@ -48,7 +48,7 @@ def test_passes_on_patched_models_and_callables_of_them(flagship):
     assert max(r.max_diff for r in report.results) <= 1e-5
     through = assert_padding_invariant(lambda **kwargs: flagship(**kwargs), vocab_size=VOCAB)
     assert through.ok and "static (needs a transformers model)" in str(through)
-    assert "packed (needs a callable with a position_ids parameter)" in str(through)
+    assert "packed (needs a callable, or a module's forward, with a position_ids parameter)" in str(through)
 
 
 def test_packed_rows_each_sequence_against_itself(flagship):
@@ -155,6 +155,72 @@ def test_a_scenario_that_raises_leaves_the_others_to_decide():
     table = str(caught.value)
     assert "left padding, one call" in table and "raised NotImplementedError: no cache here" in table, table
     assert assert_padding_invariant(uncached, vocab_size=VOCAB, families=["padding", "cached"]).ok
+
+
+class _HandWritten(torch.nn.Module):
+    """A decoder written by hand, no transformers config: learned absolute positions (the caller's, else
+    the mask's), one causal attention layer under the 2-D mask. It knows nothing of packed rows."""
+
+    def __init__(self, vocab: int = VOCAB, width: int = 16) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.tokens, self.places = torch.nn.Embedding(vocab, width), torch.nn.Embedding(64, width)
+        self.attention = torch.nn.MultiheadAttention(width, 2, batch_first=True)
+        self.head = torch.nn.Linear(width, vocab)
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=None):
+        import types
+
+        mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+        if position_ids is None:
+            position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+        x = self.tokens(input_ids) + self.places(position_ids)
+        length = input_ids.shape[1]
+        causal = torch.ones(length, length, dtype=torch.bool).tril()
+        blocked = ~(causal[None] & (mask[:, None, :] != 0)) & ~torch.eye(length, dtype=torch.bool)[None]
+        out, _ = self.attention(x, x, x, attn_mask=blocked.repeat_interleave(2, 0), need_weights=False)
+        return types.SimpleNamespace(logits=self.head(out + x), past_key_values=None)
+
+
+def test_a_plain_module_is_read_by_its_forward():
+    """An ``nn.Module`` of the user's, no transformers model: its ``forward``'s parameters decide (its
+    ``__call__`` takes ``*args, **kwargs``), so the packed scenarios run; this one lets packed sequences
+    see each other, and the oracle says so, while left and right padding in one call hold."""
+    model = _HandWritten().eval()
+    assert assert_padding_invariant(model, vocab_size=VOCAB, families=["padding"]).ok
+    with pytest.raises(AssertionError) as caught:
+        assert_padding_invariant(model, vocab_size=VOCAB, families=["padding", "packed"])
+    assert "packed: three sequences in a row, no mask" in str(caught.value), str(caught.value)
+
+
+def test_a_model_whose_own_cache_fails_still_gets_its_verdict():
+    """BLT on 5.x: a call with the cache the model makes itself fails upstream, so a plain call needs
+    ``use_cache=False``; the uncached scenarios still judge (left padding is wrong on stock: its hash
+    n-gram byte embeddings see pads), the cached ones are said not to run; verify gives its rows too."""
+    transformers = pytest.importorskip("transformers")
+    if not hasattr(transformers, "BltConfig"):
+        pytest.skip(f"no BLT in transformers {TF}")
+    small = {"hidden_size": 32, "num_attention_heads": 2, "num_key_value_heads": 2, "intermediate_size": 64,
+             "num_hidden_layers": 1}  # fmt: skip
+    local = {**small, "hidden_size_global": 64}
+    config = transformers.BltConfig(
+        patcher_config=small, encoder_config=local, decoder_config=local,
+        global_config={**small, "hidden_size": 64}, encoder_hash_byte_group_vocab=64,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.BltForCausalLM(config).eval()
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.tensor([[5, 6]]))
+        pytest.skip(f"BLT's own cache works in transformers {TF}: nothing to show")
+    except Exception:  # noqa: BLE001 - what the test is about
+        pass
+    with pytest.raises(AssertionError) as caught:
+        assert_padding_invariant(model, families=["padding", "cached"])
+    table = str(caught.value)
+    assert "left padding, one call" in table and "a call with the cache the model makes itself fails" in table
+    result = hfpatch.verify(model)
+    assert any(row.scenario == "left padding, one call" for row in result.rows), str(result)
 
 
 def test_the_tolerance_follows_the_models_own_noise():

@@ -18,7 +18,7 @@ hypothesis strategies for scenarios of your own.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, Optional
 
 import torch
@@ -26,7 +26,7 @@ import torch
 from .._compat import cache_name
 from ..judge import FP32, NOISE_CAP, RELATIVE
 from ..rope import scaled_rope
-from ..verification.load import check_causal, check_runs, first_line, is_multimodal
+from ..verification.load import check_causal, check_runs, first_line, is_multimodal, plain_call
 from ..verification.result import CannotVerify
 from ..verification.scenarios import (
     CACHED,
@@ -255,7 +255,7 @@ def _runs(
         if probe.family in wanted
     ]
     if PACKED in wanted and not packs:
-        notes.append("packed (needs a callable with a position_ids parameter)")
+        notes.append("packed (needs a callable, or a module's forward, with a position_ids parameter)")
     notes += [
         f"{family} (needs a transformers model)" for family in (STATIC, WINDOW, ROPE) if family in wanted
     ]
@@ -270,9 +270,12 @@ def _model_probes(
     inputs = seq2seq_inputs(model) if seq2seq else DECODER_ONLY._replace(pad=pad)
     if seq2seq:
         check_runs(model, model_type, inputs)
-    elif not check_causal(model, model_type, prefix_lm=is_multimodal(model)):
-        inputs = inputs._replace(prefix_lm=True)
-        notes.append("none: a prefix LM, each row alone runs through the same cached calls")
+    else:
+        plain = plain_call(model, model_type)
+        inputs = inputs._replace(uncached=bool(plain))
+        if not check_causal(model, model_type, prefix_lm=is_multimodal(model), plain=plain):
+            inputs = inputs._replace(prefix_lm=True)
+            notes.append("none: a prefix LM, each row alone runs through the same cached calls")
     packs = not seq2seq and not inputs.prefix_lm
     if PACKED in wanted and not packs:
         notes.append("packed: " + ("an encoder-decoder model's decoder" if seq2seq else "a prefix LM"))
@@ -286,7 +289,9 @@ def _model_probes(
         rope=scaled_rope(model) if ROPE in wanted and not seq2seq else None,
         packs=packs,
     )
-    if not found.cached:
+    if inputs.uncached:
+        notes.append("the cached scenarios: a call with the cache the model makes itself fails")
+    elif not found.cached:
         notes.append("the cached scenarios: the model returns no KV cache")
     elif STATIC in wanted and not found.takes_static:
         notes.append("static: the model takes no StaticCache here")
@@ -302,19 +307,23 @@ def _vocab(model: Any) -> int:
     return vocab
 
 
+def _parameters(call: Callable) -> Optional[Mapping[str, inspect.Parameter]]:
+    """The parameters a callable is called with: a module's ``forward``'s (its ``__call__`` takes
+    ``*args, **kwargs``); None where they cannot be read."""
+    try:
+        return inspect.signature(call.forward if isinstance(call, torch.nn.Module) else call).parameters
+    except (TypeError, ValueError):
+        return None
+
+
 def _takes_positions(call: Callable) -> bool:
     """Whether a callable names ``position_ids`` among its parameters (packed rows pass them)."""
-    try:
-        return "position_ids" in inspect.signature(call).parameters
-    except (TypeError, ValueError):
-        return False
+    params = _parameters(call)
+    return params is not None and "position_ids" in params
 
 
 def _callable_cache_name(call: Callable) -> str:
     """The cache argument a callable takes by name (``cache`` or ``past_key_values``; either through
     ``**kwargs``: ``past_key_values``)."""
-    try:
-        params = inspect.signature(call).parameters
-    except (TypeError, ValueError):
-        return "past_key_values"
+    params = _parameters(call) or {}
     return "cache" if "cache" in params and "past_key_values" not in params else "past_key_values"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import difflib
 import os
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -16,7 +16,7 @@ from .result import TOLERANCE, CannotVerify
 from .scenarios import Inputs, outputs
 from .tiny import seq2seq_auto_class, tiny_model, tiny_multimodal, tiny_seq2seq
 
-__all__ = ["TINY_ATTENTION", "check_causal", "check_runs", "first_line", "is_multimodal", "load"]
+__all__ = ["TINY_ATTENTION", "check_causal", "check_runs", "first_line", "is_multimodal", "load", "plain_call"]
 
 # the attention a tiny image-text-to-text model of these types is built with for ``verify TYPE``, where
 # the release's default hits a declared limit of the adapter (the limit stays in the notes)
@@ -115,16 +115,36 @@ def first_line(exc: BaseException, limit: int = 120) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
-def check_causal(model: Any, model_type: str, prefix_lm: bool = False) -> bool:
+def plain_call(model: Any, model_type: str) -> dict[str, Any]:
+    """What a plain call ``model(input_ids=...)`` needs passed: nothing, or ``use_cache=False`` where the
+    model runs only without the cache it makes itself (BLT on 5.24: its uncached scenarios still run).
+    ``CannotVerify`` where it runs neither way, in one line."""
+    ids = torch.tensor([[5, 6]])
+    with torch.no_grad(), engine.unpatched():
+        try:
+            model(input_ids=ids)
+            return {}
+        except Exception as exc:  # noqa: BLE001 - reported in one line, unless the uncached call runs
+            failed = exc
+        try:
+            model(input_ids=ids, use_cache=False)
+            return {"use_cache": False}
+        except Exception:  # noqa: BLE001 - the first failure is the one to report
+            pass
+    raise CannotVerify(f"{model_type}: a plain call model(input_ids=...) fails: {first_line(failed)}") from failed
+
+
+def check_causal(model: Any, model_type: str, prefix_lm: bool = False, plain: Optional[dict] = None) -> bool:
     """A causal LM's output at a token does not depend on later tokens: change the last token of a
     sequence and compare the outputs before it. A masked LM or an encoder fails this: raises, unless
-    ``prefix_lm`` (an image-text-to-text model: a prefix LM, whose call attends both ways), False."""
+    ``prefix_lm`` (an image-text-to-text model: a prefix LM, whose call attends both ways), False.
+    ``plain``: what a plain call needs (:func:`plain_call`)."""
     ids = torch.tensor([[5, 6, 7, 8]])
     other = ids.clone()
     other[0, -1] = 9
     try:
         with torch.no_grad(), engine.unpatched():
-            first, second = (outputs(model(input_ids=x))[0, :-1] for x in (ids, other))
+            first, second = (outputs(model(input_ids=x, **(plain or {})))[0, :-1] for x in (ids, other))
     except Exception as exc:  # noqa: BLE001 - the model cannot run a plain call: report it in one line
         raise CannotVerify(
             f"{model_type}: a plain call model(input_ids=...) fails: {first_line(exc)}"

@@ -20,7 +20,7 @@ from ..judge import NOISE_CAP
 from ..rope import per_row_scaling, scaled_rope
 from ..support import installed_transformers
 from ..windows import configured_window, positional, smallest_window
-from .load import TINY_ATTENTION, check_causal, check_runs, first_line, is_multimodal, load
+from .load import TINY_ATTENTION, check_causal, check_runs, first_line, is_multimodal, load, plain_call
 from .result import TOLERANCE, CannotVerify, Row, Verification
 from .scenarios import (
     DECODER_ONLY,
@@ -77,10 +77,16 @@ def verify(model: Union[str, os.PathLike, Any], static: bool = True) -> Verifica
     notes = []
     if seq2seq:
         check_runs(model, model_type, inputs)
-    elif not check_causal(model, model_type, prefix_lm=is_multimodal(model)):
-        inputs = inputs._replace(prefix_lm=True)
-        notes.append("a prefix LM (a call's tokens attend each other both ways): each row alone runs "
-                     "through the same cached calls, with a mask of ones")  # fmt: skip
+    else:
+        plain = plain_call(model, model_type)
+        if plain:
+            inputs = inputs._replace(uncached=True)
+            notes.append("a call with the cache the model makes itself fails here: its calls run with "
+                         "use_cache=False, and the KV-cached scenarios are not probed")  # fmt: skip
+        if not check_causal(model, model_type, prefix_lm=is_multimodal(model), plain=plain):
+            inputs = inputs._replace(prefix_lm=True)
+            notes.append("a prefix LM (a call's tokens attend each other both ways): each row alone runs "
+                         "through the same cached calls, with a mask of ones")  # fmt: skip
     adapter = _adapter_of_class(model) or engine.adapter_for(model_type)
     entry = engine.status().get(adapter.arch if adapter is not None else model_type)
     if adapter is not None and model_type not in (adapter.arch, *adapter.aliases):
@@ -104,7 +110,8 @@ def verify(model: Union[str, os.PathLike, Any], static: bool = True) -> Verifica
                      "positions are transformers' (pad encoder inputs on the right)")  # fmt: skip
     not_checked = ()
     if not any(probe.scenario.cached for probe in probes):
-        notes.append("the model returns no KV cache to continue from: the cached scenarios are not probed")
+        if not inputs.uncached:  # (said above)
+            notes.append("the model returns no KV cache to continue from: the cached scenarios are not probed")
         not_checked = ("its KV-cached calls",)
     state = entry.state if entry is not None else "unknown to hfpatch"
     by_hand = patches or inputs.positions in inspect.signature(model.forward).parameters

@@ -229,6 +229,9 @@ class Inputs(NamedTuple):
     # a prefix LM: each row alone runs through the scenario's same cached calls, with a mask of ones (in
     # one call, its tokens would attend each other both ways)
     prefix_lm: bool = False
+    # a model that runs only without the cache it makes itself (BLT on 5.24: plain_call): uncached calls
+    # pass use_cache=False, and the cached scenarios are not run
+    uncached: bool = False
 
     def tokens(self, ids: torch.Tensor) -> torch.Tensor:
         """``ids`` ``[batch, tokens]`` as the model takes them."""
@@ -236,8 +239,10 @@ class Inputs(NamedTuple):
 
     def cache_kwargs(self, name: Optional[str], cache: Any) -> dict[str, Any]:
         """The cache argument (``name``: the release's, None for no cache) and the ``use_cache`` flag."""
+        if name is None:
+            return {"use_cache": False} if self.uncached else {}
         flag = {"use_cache": True} if self.use_cache else {}
-        return {name: cache, **flag} if name is not None else {}
+        return {name: cache, **flag}
 
     def row(self, r: int, batch: int) -> dict[str, torch.Tensor]:
         """The fixed inputs of rows ``r .. r + batch``."""
@@ -379,7 +384,7 @@ def run_packed(
         ids[into, start : start + n] = torch.tensor(rows[r])
         positions[into, start : start + n] = torch.arange(n)
         real[into, start : start + n] = 1
-    kwargs = {inputs.ids: inputs.tokens(ids), inputs.positions: positions}
+    kwargs = {inputs.ids: inputs.tokens(ids), inputs.positions: positions, **inputs.cache_kwargs(None, None)}
     if scenario.mask or not bool(real.all()):
         kwargs[inputs.mask] = real
     with torch.no_grad():
@@ -435,7 +440,7 @@ class PositionsByHand:
 def cache_inputs(model: Any, inputs: Inputs = DECODER_ONLY) -> Optional[Inputs]:
     """``inputs`` (or with ``use_cache=True`` passed, where the config does not say it) where the model
     hands back a KV cache to continue from; None where it does not (some keep their state inside)."""
-    if cache_name(model) is None:
+    if cache_name(model) is None or inputs.uncached:
         return None
     tries = [inputs] if inputs.use_cache else [inputs, inputs._replace(use_cache=True)]
     for i, attempt in enumerate(tries):
