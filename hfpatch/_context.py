@@ -24,6 +24,7 @@ from typing import Any, Optional
 __all__ = [
     "CALL",
     "PACKED",
+    "PACKED_VARIABLE",
     "CarryContext",
     "Pin",
     "SdpaSwitch",
@@ -32,6 +33,7 @@ __all__ = [
     "open_block",
     "hold_slow_path",
     "patched_here",
+    "read_packed",
     "release_slow_path",
 ]
 
@@ -43,6 +45,7 @@ class _Call(threading.local):
     eager_mask: bool = False  # see SdpaSwitch
     pending: Any = None  # positions waiting for their position module (hfpatch.decoders.Pending)
     generated: Any = None  # (the 4-D mask generate() just made, the 2-D mask it made it from)
+    handed: Any = None  # a packed row's positions a task head drops, for its base model (hfpatch.packed)
     watching: bool = False  # inside a watched call, or a watcher's own work: not watched again
 
 
@@ -105,6 +108,18 @@ def close_block(previous: Optional[dict[str, bool]]) -> None:
 
 
 PACKED = [True]  # packed rows kept to their sequences (apply(packed=...)); a list, read at each call
+PACKED_VARIABLE = "HFPATCH_PACKED"  # 0: packed rows left to stock, as apply(packed=False), wherever applied
+
+
+def read_packed(environ: Any) -> Optional[bool]:
+    """``HFPATCH_PACKED``: False (0, false, no, off), True (1, true, yes, on) or None (unset); anything
+    else is a ``ValueError`` naming the variable."""
+    value = environ.get(PACKED_VARIABLE, "").strip().lower()
+    if not value:
+        return None
+    if value not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        raise ValueError(f"{PACKED_VARIABLE}={environ[PACKED_VARIABLE]}: expected 0 or 1")
+    return value in ("1", "true", "yes", "on")
 
 
 def hold_slow_path() -> None:

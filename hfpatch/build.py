@@ -13,7 +13,9 @@ The rows of an adapter, in order:
 5. the static cache's sliding layer ``__init__`` (it records the length it was asked for), shared by
    every adapter;
 6. transformers' SDPA attention function (its registry's entry), which runs a packed row one sequence at
-   a time where the mask by sequence says how (:mod:`hfpatch.packed`), shared by every adapter;
+   a time where the mask by sequence says how (:mod:`hfpatch.packed`), shared by every adapter, and the
+   forward of the task heads of its module that would drop a packed row's lengths or positions (4.57's
+   GPT-2 heads, 5.x's BLOOM heads);
 7. where the hand-off runs inside a layer, the checkpoint function of the module's checkpointing
    classes, which carries the call's context into a layer's recomputation (:mod:`hfpatch._context`).
 """
@@ -27,7 +29,7 @@ from ._context import CarryContext, Pin, SdpaSwitch, Users
 from .declarations import Adapter
 from .decoders import HANDS_TO, receiver
 from .forward import make_forward, recording_generated_masks
-from .packed import by_sequence_sdpa
+from .packed import by_sequence_sdpa, handing_on, heads_dropping
 from .patches import ABSENT, Patch
 from .plans import read_plan
 from .rope import per_row_forward, rotary_classes
@@ -48,7 +50,8 @@ def build(adapter: Adapter, module: Any, pin: Pin) -> tuple[Patch, ...]:
         raise TypeError(f"{adapter.target} not found in this transformers release")
     if getattr(original, "__hfpatch_adapter__", None) is not None:
         raise TypeError(f"{adapter.target} is already an hfpatch patch (two hfpatch copies imported?)")
-    plan = read_plan(adapter, original, owner)
+    heads = heads_dropping(module, owner)
+    plan = read_plan(adapter, original, owner, handed=any(not takes for _, _, takes in heads))
     rows = [Patch(owner, "forward", original, make_forward(adapter, original, plan, pin))]
     for name in adapter.also:
         cls = getattr(module, name, None)
@@ -81,6 +84,8 @@ def build(adapter: Adapter, module: Any, pin: Pin) -> tuple[Patch, ...]:
     attention = by_sequence_sdpa()
     if attention is not None:
         rows.append(Patch(*attention))
+    for head, forward, takes_positions in heads:
+        rows.append(Patch(head, "forward", forward, handing_on(forward, pin, takes_positions)))
     if hands_to is not None and HANDS_TO[hands_to].inside_layers:
         for cls in _checkpointing_classes(module, owner):
             before = cls.__dict__.get(CHECKPOINT_FUNCTION, ABSENT)

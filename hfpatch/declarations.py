@@ -12,6 +12,7 @@ from .support import NEWEST_TESTED
 __all__ = [
     "NOT_COVERED",
     "NOT_FIXABLE",
+    "ALIBI",
     "PADDED_TABLE",
     "RELATIVE_BIAS",
     "RIGHT_ON_STOCK",
@@ -25,6 +26,7 @@ __all__ = [
 
 # where a family's positions go when the patched forward takes none (Family.hands_to; hfpatch.decoders)
 TABLE, SINUSOID, PADDED_TABLE, RELATIVE_BIAS = "table", "sinusoid", "padded table", "relative bias"
+ALIBI = "alibi"  # ALiBi built from the 2-D mask (BLOOM): the mask, when the model is given a 4-D one
 
 
 class Family(NamedTuple):
@@ -40,16 +42,20 @@ class Family(NamedTuple):
         hands_to: where the positions go when the patched ``forward`` takes none (the decoders and
             encoders of encoder-decoder models, :mod:`hfpatch.decoders`): ``"table"`` (a position
             table's lookup), ``"sinusoid"`` (a sinusoid computed from positions),
-            ``"padded table"`` (a table indexed past the pad id, M2M100-style) or ``"relative
-            bias"`` (T5-style buckets, per row). ``None``: the forward takes ``position_ids``.
+            ``"padded table"`` (a table indexed past the pad id, M2M100-style), ``"relative
+            bias"`` (T5-style buckets, per row) or ``"alibi"`` (the 2-D mask, for ALiBi built from it
+            where the model is given a 4-D mask: BLOOM). ``None``: the forward takes ``position_ids``.
         position_module: the attribute of the patched class that holds its position module (the one
-            instance that takes this call's positions); ``None`` for the relative bias, computed by
-            every attention layer of the call that has one.
+            instance that takes this call's positions; ``""``: the patched module itself); ``None`` for
+            the relative bias, computed by every attention layer of the call that has one.
         seq2seq: inside an encoder-decoder model (its decoder, or its encoder): ``verify()`` and the
             release probe run it on the tiny encoder-decoder model (``hfpatch.tiny.tiny_seq2seq``), and
             ``tests/test_decoders.py`` checks it against its own reference.
         ids_rank: the rank of the patched forward's ``input_ids``: 3 for ``[batch, tokens, channels]``
             audio codes (Dia), whose forward takes no ``inputs_embeds``.
+        from_mask: the forward derives its positions from the 2-D mask itself (OPT: the mask's cumsum;
+            BLOOM: ALiBi from it), so stock is right with padding and hfpatch derives nothing; it keeps a
+            packed row (positions restarting) to its sequences.
         multimodal: the text path of an image-text-to-text model that is no causal LM of its own
             (PaliGemma's wrapper, the text model of Qwen2-VL ...): ``verify()`` and the release probe
             leave it to ``tests/test_wrappers.py``; windows stay transformers' (the wrapper builds the
@@ -64,6 +70,7 @@ class Family(NamedTuple):
     seq2seq: bool = False
     ids_rank: int = 2
     multimodal: bool = False
+    from_mask: bool = False
 
 
 class Adapter(NamedTuple):
@@ -146,8 +153,10 @@ THROUGH_LANGUAGE_MODEL = "through its language model"
 class Undeclared(NamedTuple):
     """A model type hfpatch knows and does not patch itself: ``right on stock``, ``not fixable by
     positions``, ``not covered``, or ``through its language model`` (a wrapper whose language model is
-    a patched class), and why (measured on the newest tested release)."""
+    a patched class), and why (measured on the newest tested release); ``language_model``: the adapter
+    that patches its language model, where it runs through one (its packed rows are that one's)."""
 
     arch: str
     verdict: str
     reason: str
+    language_model: Optional[str] = None

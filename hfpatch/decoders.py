@@ -21,6 +21,8 @@ uses them, for the duration of the call:
    - ``padded table``: ``weights[positions + padding_idx + 1]`` (M2M100, NLLB-MoE, SeamlessM4T,
      Speech2Text: the table starts past the pad id; the original still runs first, for the table's
      growth);
+   - ``alibi``: the 2-D mask the positions come from, where the model (BLOOM) builds ALiBi from the mask
+     it is given and hfpatch gives it a 4-D mask by sequence (a packed row);
    - ``relative bias``: each row's bias from its own positions, ``bias(key position - query
      position)``, gathered from one call of the release's own ``compute_bias`` over every offset the
      call can have (``1 x (2 * keys - 1)``), so that buckets and directions stay the release's; a
@@ -52,7 +54,7 @@ from typing import Any, NamedTuple, Optional
 import torch
 
 from ._context import CALL, Pin, patched_here
-from .declarations import PADDED_TABLE, RELATIVE_BIAS, SINUSOID, TABLE
+from .declarations import ALIBI, PADDED_TABLE, RELATIVE_BIAS, SINUSOID, TABLE
 from .positions import new_token_positions, positions_from_mask
 
 __all__ = ["HANDS_TO", "Pending", "Receiver", "call_with_positions", "receiver"]
@@ -74,7 +76,8 @@ def call_with_positions(
     positions = kwargs.pop("position_ids", None) if mask is not None else None
     if positions is None:  # nothing derived (explicit position_ids, no mask, a 4-D mask): stock
         return original(model, **kwargs)
-    module = getattr(model, family.position_module) if family.position_module is not None else None
+    where = family.position_module
+    module = None if where is None else model if where == "" else getattr(model, where)
     before = CALL.pending
     CALL.pending = Pending(module, positions, mask)
     try:
@@ -119,6 +122,16 @@ def _padded_table(original: Callable) -> Callable:
         return self.weights.index_select(0, index).view(*pending.positions.shape, -1).to(stock.dtype)
 
     return forward
+
+
+def _alibi(original: Callable) -> Callable:
+    def build_alibi_tensor(self: Any, attention_mask: Any, *args: Any, **kwargs: Any) -> Any:
+        pending = CALL.pending
+        if pending is None or pending.module is not self:
+            return original(self, attention_mask, *args, **kwargs)
+        return original(self, pending.mask, *args, **kwargs)  # (the model has a 4-D mask by sequence)
+
+    return build_alibi_tensor
 
 
 def _relative_bias(original: Callable) -> Callable:
@@ -219,6 +232,7 @@ HANDS_TO: dict[str, Receiver] = {
     TABLE: Receiver((("forward", _positions_only(_table)),)),
     SINUSOID: Receiver((("forward", _positions_only(_sinusoid)),)),
     PADDED_TABLE: Receiver((("forward", _positions_only(_padded_table)),)),
+    ALIBI: Receiver((("build_alibi_tensor", _positions_only(_alibi)),)),
     RELATIVE_BIAS: Receiver(  # in the first layer (every layer: UMT5)
         (("compute_bias", _positions_only(_relative_bias)), ("forward", _relative_bias_layer)),
         inside_layers=True,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import functools
+import os
 import sys
 import textwrap
 import threading
@@ -32,9 +33,9 @@ from types import MappingProxyType
 from typing import Any, NamedTuple, Optional, Union
 
 from . import custom
-from ._context import CALL, PACKED, Pin, close_block, open_block
+from ._context import CALL, PACKED, Pin, close_block, open_block, read_packed
 from .adapters import ADAPTERS, UNDECLARED
-from .declarations import NOT_COVERED, THROUGH_LANGUAGE_MODEL, Adapter, Undeclared
+from .declarations import NOT_COVERED, Adapter, Undeclared
 from .observers import SHADOW_COUNTS
 from .patches import ABSENT, Ledger, Patch
 from .support import (
@@ -118,6 +119,7 @@ _seen: weakref.WeakSet[type] = weakref.WeakSet()  # subclasses of PreTrainedMode
 _ledger = Ledger()
 _warned: set[str] = set()  # warnings already given in this process
 _applied_by: list[str] = []  # how apply() was called in this process, when not by the program itself
+_environment_read: list[bool] = []  # HFPATCH_PACKED read (by the process's first apply())
 
 
 class AdapterStatus(NamedTuple):
@@ -272,7 +274,7 @@ def apply(archs: Archs = None, *, ignore_ranges: bool = False, packed: Optional[
     ``revert()``; ``status()`` still shows their support. ``packed=False`` leaves rows whose positions
     restart (several sequences packed into one row) to stock for the whole process, for layouts where
     such positions mean something else; ``True`` keeps them to their sequences again (the default; None:
-    as it was).
+    as it was, or at the process's first ``apply()``, as ``HFPATCH_PACKED`` says where it is set).
 
     >>> import hfpatch
     >>> hfpatch.apply()                # doctest: +SKIP
@@ -283,6 +285,9 @@ def apply(archs: Archs = None, *, ignore_ranges: bool = False, packed: Optional[
     if not isinstance(ignore_ranges, bool):
         raise TypeError(f"ignore_ranges: expected True or False, got {ignore_ranges!r}")
     with _lock:
+        if packed is None and not _environment_read:
+            packed = read_packed(os.environ)  # a ValueError naming it, for a value it cannot read
+        _environment_read.append(True)
         if packed is not None:
             PACKED[0] = packed
         if archs is None:
@@ -469,8 +474,9 @@ def status() -> Status:
                     reason += f"; {alias} is unverified before {since[alias]} (its tiny model builds there)"
                     alias_entry = alias_entry._replace(reason=reason, support=UNVERIFIED)
                 entries.append(alias_entry)
+        answers = {entry.arch: entry.packed for entry in entries}
         entries += [
-            AdapterStatus(u.arch, "", "", u.verdict, u.reason, "", _packed_undeclared(u))
+            AdapterStatus(u.arch, "", "", u.verdict, u.reason, "", _packed_undeclared(u, answers))
             for u in _undeclared.values()
         ]
         entries += [
@@ -512,14 +518,42 @@ def _adapter_status(state: _State, version: Any) -> AdapterStatus:
         entry = (NOT_APPLIED, "patched only inside other threads' hfpatch.patched() blocks")
     else:
         entry = (NOT_APPLIED, "hfpatch.apply() has not been called (or revert() was)")
-    packed = getattr(state.rows[0].replacement, "__hfpatch_packed__", "") if state.rows else ""
-    return AdapterStatus(adapter.arch, adapter.target, adapter.versions, *entry, verdict.level, packed)
+    return AdapterStatus(
+        adapter.arch, adapter.target, adapter.versions, *entry, verdict.level, _packed(state, entry[0])
+    )
 
 
-def _packed_undeclared(entry: Undeclared) -> str:
-    """A model type hfpatch does not patch keeps its packed rows as stock does: not to their sequences
-    (a wrapper whose language model is patched: that one says)."""
-    return "" if entry.verdict == THROUGH_LANGUAGE_MODEL else "no: hfpatch does not patch it"
+PACKED_OFF = "no: left to stock (apply(packed=False), or HFPATCH_PACKED=0)"
+
+
+def _packed(state: _State, how: str) -> str:
+    """Whether a packed row of the adapter's class is kept to its sequences now: its patch's answer where
+    it is applied (``yes (attentions)``, ``no: why``), else no, and why."""
+    if not PACKED[0]:
+        return PACKED_OFF
+    if how != APPLIED:
+        declared = state.adapter.packed
+        why = (
+            declared.removeprefix("no: ")
+            if declared and declared.startswith("no")
+            else f"not patched ({how})"
+        )
+        return f"no: {why}"
+    return getattr(state.rows[0].replacement, "__hfpatch_packed__", "")
+
+
+def _packed_undeclared(entry: Undeclared, answers: Mapping[str, str]) -> str:
+    """A model type hfpatch does not patch keeps its packed rows as stock does: not to their sequences;
+    a wrapper whose language model a patched class runs, as that one does."""
+    if not PACKED[0]:
+        return PACKED_OFF
+    own = answers.get(entry.language_model or "")
+    if not own:
+        return "no: hfpatch does not patch it"
+    name = entry.language_model
+    if own.startswith("yes"):
+        return f"yes: by its language model, which the {name!r} adapter patches {own[3:].strip()}"
+    return f"no: its language model's ({name!r}): {own.removeprefix('no: ')}"
 
 
 def select(archs: Archs) -> list[str]:

@@ -48,7 +48,7 @@ from .observers import WATCHERS, Seen, run_watched
 from .packed import packed_rows, positions_from_lengths, warn_not_kept
 from .plans import NO_SLOTS, SLOTS, SLOTS_REMOVED, Plan
 from .positions import cache_positions, has_holes, new_token_positions
-from .windows import MASK_FUNCTIONS, MaskPlan, apply_masks, configured_window, packed_here
+from .windows import MASK_FUNCTIONS, NO_4D_MASK, MaskPlan, apply_masks, configured_window, packed_not_kept
 
 __all__ = ["LeaveToStock", "make_forward", "recording_generated_masks", "warn_once", "watched"]
 
@@ -71,8 +71,11 @@ def make_forward(adapter: Adapter, original: Callable, plan: Plan, pin: Pin) -> 
         plan.eager_mask_attr,
         plan.masks,
     )
-    windowed = masks is not None and masks.windowed
+    # windows decided by position (a multimodal model's stay transformers': see Family.multimodal)
+    windowed = masks is not None and masks.windowed and not adapter.family.multimodal
     family = adapter.family if adapter.family.hands_to is not None else None  # its forward takes no positions
+    from_mask = adapter.family.from_mask  # its own positions from the mask are right: packed rows only
+    handed = plan.handed  # a task head of its module hands it positions through CALL.handed
     # explicit position_ids leave nothing to derive (4.38-5.3: unless a static cache's slots are missing)
     passes_explicit = plan.era != SLOTS
     other = next((name for name in CACHE_NAMES if name != cache_kw), None)  # the cache's other name
@@ -103,10 +106,16 @@ def make_forward(adapter: Adapter, original: Callable, plan: Plan, pin: Pin) -> 
                     cache = _take_cache(plan, kwargs)
                 elif cache_kw in kwargs:
                     cache = kwargs[cache_kw]
+            if handed and CALL.handed is not None:  # positions its task head drops: taken once, here
+                if kwargs.get("position_ids") is None:
+                    kwargs["position_ids"] = CALL.handed
+                CALL.handed = None
             if ("cu_seq_lens_q" in kwargs or "seq_idx" in kwargs) and PACKED[0]:  # sequences given by length
                 positions_from_lengths(kwargs, _inputs(kwargs, plan.ids_rank))
-            eager = False
-            if "cache_position" in kwargs:
+            eager, packed = False, None
+            if from_mask:
+                derived = None  # nothing to derive: stock's own positions are right
+            elif "cache_position" in kwargs:
                 derived = fill(self, plan, kwargs, cache)
             elif passes_explicit and "position_ids" in kwargs and kwargs["position_ids"] is not None:
                 derived = None  # nothing to derive
@@ -115,18 +124,16 @@ def make_forward(adapter: Adapter, original: Callable, plan: Plan, pin: Pin) -> 
                 derived, eager = None, True
             else:
                 derived = plain(self, plan, kwargs, cache)
-            if family is not None:  # handed to the position module instead (hfpatch.decoders)
-                mask = derived[0] if derived else None
-            elif derived is not None:
-                if windowed:
+            if derived is not None:
+                if windowed and family is None:
                     apply_masks(self, masks, cache_kw, kwargs, cache, *derived)
-            elif not eager and kwargs.get("position_ids") is not None:
-                given_masks(self, adapter, plan, kwargs, cache)
+            elif not eager and kwargs.get("position_ids") is not None and (family is None or from_mask):
+                packed = given_masks(self, adapter, plan, kwargs, cache)
         except LeaveToStock as exc:
             warn_once(arch, str(exc))
             return original(self, **given)
-        if family is not None:
-            return call_with_positions(self, family, original, kwargs, mask)
+        if family is not None:  # handed to the position module instead (hfpatch.decoders)
+            return call_with_positions(self, family, original, kwargs, derived[0] if derived else packed)
         if eager:
             return _with_eager_mask(original, self, kwargs)
         return original(self, **kwargs)
@@ -161,20 +168,28 @@ _LEFT: set[tuple[str, str]] = set()
 
 
 def packed_support(adapter: Adapter, plan: Plan) -> str:
-    """What ``status()`` says of a class's packed rows (rows whose positions restart): ``yes`` and the
-    attention that gets the mask by sequence, ``no: why``, or ``""`` where no such row reaches it (the
-    decoders of encoder-decoder models, multimodal wrappers: their text model is patched)."""
+    """What ``status()`` says of a patched class's packed rows (rows whose positions restart): ``yes`` and
+    the attention that gets the mask by sequence, or ``no: why``."""
     family = adapter.family
-    if family.hands_to is not None or family.multimodal or family.seq2seq:
-        return ""
     if adapter.packed is not None:
         return adapter.packed
-    if plan.masks is None or not plan.masks.packed:
+    if family.seq2seq or (family.hands_to is not None and not family.from_mask):
+        return f"no: {SEQ2SEQ}"
+    masks = plan.masks
+    if masks is None or not masks.packed:
         return f"no: {NO_4D_MASK}"
-    return "yes (eager, SDPA, flex)" if plan.masks.form == MASK_FUNCTIONS else "yes (eager, SDPA)"
+    taken = [
+        "eager",
+        "SDPA",
+        "flex" if masks.form == MASK_FUNCTIONS else "",
+        "flash" if masks.flash_lengths else "",
+    ]
+    return f"yes ({', '.join(name for name in taken if name)})"
 
 
-NO_4D_MASK = "its mask code takes no 4-D mask on this transformers release"
+SEQ2SEQ = (
+    "a decoder (or encoder) of an encoder-decoder model: hfpatch keeps the packed rows of decoder-only models"
+)
 
 
 def watched(
@@ -191,10 +206,11 @@ def watched(
     return run_watched(seen, functools.partial(forward, model, *args, **kwargs))
 
 
-def given_masks(model: Any, adapter: Adapter, plan: Plan, kwargs: dict, cache: Any) -> None:
+def given_masks(model: Any, adapter: Adapter, plan: Plan, kwargs: dict, cache: Any) -> Optional[Tensor]:
     """A call with the caller's positions: a row whose positions restart is kept to the sequences it
-    packs (:mod:`hfpatch.packed`); else, where the model has windows, they are decided by position in a
-    mask with holes (:func:`given_windows`). The positions stay the caller's."""
+    packs (:mod:`hfpatch.packed`; its 2-D mask returned, for a position module that reads it); else, where
+    the model has windows, they are decided by position in a mask with holes (:func:`given_windows`). The
+    positions stay the caller's."""
     masks = plan.masks
     if PACKED[0]:
         found = packed_rows(kwargs, _inputs(kwargs, plan.ids_rank))
@@ -204,29 +220,24 @@ def given_masks(model: Any, adapter: Adapter, plan: Plan, kwargs: dict, cache: A
             if why is None and apply_masks(
                 model, masks, plan.cache_kw, kwargs, cache, mask, mask.shape[1], 0, (positions, segment_ids)
             ):
-                return
+                return mask
             if why != "" and not torch.compiler.is_compiling():  # (""): transformers' own path, exact
                 # (compiled code treats every such call as packed, restarting or not: no word there)
                 warn_not_kept(adapter.arch, why or "its layer types take no mask by position")
-            return
-    if masks is not None and masks.windowed:
+            return None
+    if masks is not None and masks.windowed and not adapter.family.multimodal:
         given_windows(model, plan, masks, kwargs, cache)
+    return None
 
 
 def _not_kept(model: Any, adapter: Adapter, masks: Optional[MaskPlan], kwargs: dict) -> Optional[str]:
     """Why a packed row of ``model`` cannot be kept to its sequences here ("" where transformers' own
-    packed path runs: flash attention without a mask), or None where it can."""
+    packed path runs, or its language model keeps it), or None where it can."""
     if adapter.packed is not None:  # declared: kept by its language model (""), or why not
         return "" if adapter.packed.startswith("yes") else adapter.packed.removeprefix("no: ")
-    attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
-    if isinstance(attention, str) and attention.startswith("flash") and kwargs.get("attention_mask") is None:
-        return ""
-    if masks is None or not masks.packed:
-        return NO_4D_MASK
-    if not packed_here(model, masks):
-        taken = "eager, SDPA" + (" or flex" if masks.form == MASK_FUNCTIONS else "")
-        return f"with {attention} attention or its layer types (a mask by sequence reaches {taken} attention)"
-    return None
+    if adapter.family.seq2seq or (adapter.family.hands_to is not None and not adapter.family.from_mask):
+        return SEQ2SEQ
+    return packed_not_kept(model, masks, kwargs.get("attention_mask") is not None)
 
 
 def given_windows(model: Any, plan: Plan, masks: MaskPlan, kwargs: dict, cache: Any) -> None:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Optional
 
 from . import engine
+from ._context import PACKED_VARIABLE, read_packed
 
 __all__ = [
     "ARCHS_VARIABLE",
@@ -46,7 +47,6 @@ DISABLED_VARIABLE = "HFPATCH_DISABLED"
 LAUNCHED_VARIABLE = "HFPATCH_LAUNCHED"  # set by `hfpatch run`, inherited by every child process
 SHADOW_VARIABLE = "HFPATCH_SHADOW"  # the share of calls hfpatch.shadowing checks
 AUDIT_VARIABLE = "HFPATCH_AUDIT"  # set by `hfpatch audit`: the folder its processes write counts to
-PACKED_VARIABLE = "HFPATCH_PACKED"  # 0: packed rows left to stock (apply(packed=False))
 RAY_HOOK_VARIABLE = "RAY_RUNTIME_ENV_HOOK"  # Ray's: a function that rewrites each ray.init()'s runtime_env
 RAY_RUNTIME_ENV_HOOK = "hfpatch.workers.ray_runtime_env"
 VARIABLES = (
@@ -77,17 +77,6 @@ def read_environment(environ: Mapping[str, str]) -> Optional[list[str]]:
             f"{ARCHS_VARIABLE}={environ[ARCHS_VARIABLE]}: {str(exc).removeprefix('archs: ')}"
         ) from None
     return names
-
-
-def read_packed(environ: Mapping[str, str]) -> Optional[bool]:
-    """``HFPATCH_PACKED``: False (0, false, no, off), True (1, true, yes, on) or None (unset); anything
-    else is a ``ValueError`` naming the variable."""
-    value = environ.get(PACKED_VARIABLE, "").strip().lower()
-    if not value:
-        return None
-    if value not in TRUE + FALSE:
-        raise ValueError(f"{PACKED_VARIABLE}={environ[PACKED_VARIABLE]}: expected 0 or 1")
-    return value in TRUE
 
 
 def _is_rate(value: str) -> bool:

@@ -23,7 +23,10 @@ no mask), the call runs as stock does and :func:`warn_not_kept` says so, once pe
 
 from __future__ import annotations
 
+import ast
 import functools
+import inspect
+import textwrap
 import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple, Optional
@@ -32,12 +35,15 @@ import torch
 from torch import Tensor
 
 from . import caches
+from ._context import CALL, PACKED, Pin, patched_here
 from .positions import positions_in_segments, restarts, segments, segments_from_lengths
 
 __all__ = [
     "Groups",
     "by_sequence_sdpa",
     "groups",
+    "handing_on",
+    "heads_dropping",
     "packed_rows",
     "positions_from_lengths",
     "warn_not_kept",
@@ -49,14 +55,19 @@ GROUPS = "_hfpatch_groups"  # on a mask by sequence handed to SDPA: its Groups
 def packed_rows(kwargs: dict, tokens: Optional[Tensor]) -> Optional[tuple[Tensor, Tensor, Tensor]]:
     """(the 2-D mask, the positions, :func:`hfpatch.positions.segments`) of a call whose caller's
     ``position_ids`` restart inside a row, with nothing cached before it; None for any other call.
+    Multimodal rope positions ``[3 or 4, batch, length]`` are read as :func:`~hfpatch.positions.segments`
+    says (the positions returned: their first row).
     Shapes first (a decode step has one new token: never packed); in eager mode the positions are then
     read once, compiled code always gets the masks by sequence (the causal ones where nothing restarts:
     no branch on tensor values)."""
     positions = kwargs["position_ids"]
-    if tokens is None or positions.__class__ is not Tensor or positions.dim() != 2:
+    if tokens is None or positions.__class__ is not Tensor:
+        return None
+    rows = positions.dim() == 3 and positions.shape[0] in (3, 4)  # multimodal rope: [(text;) t; h; w]
+    if positions.dim() != 2 and not rows:
         return None
     batch, num_new = tokens.shape[0], tokens.shape[1]
-    if num_new < 2 or positions.shape[1] != num_new or positions.shape[0] not in (1, batch):
+    if num_new < 2 or positions.shape[-1] != num_new or positions.shape[-2] not in (1, batch):
         return None
     mask = kwargs.get("attention_mask")
     if mask is not None and (
@@ -73,7 +84,7 @@ def packed_rows(kwargs: dict, tokens: Optional[Tensor]) -> Optional[tuple[Tensor
     segment_ids = segments(positions, mask)
     if mask is None:
         mask = torch.ones(batch, num_new, dtype=torch.bool, device=tokens.device)
-    return mask, positions, segment_ids
+    return mask, positions[0] if rows else positions, segment_ids  # (windows count the text or t row)
 
 
 def positions_from_lengths(kwargs: dict, tokens: Optional[Tensor]) -> None:
@@ -87,6 +98,70 @@ def positions_from_lengths(kwargs: dict, tokens: Optional[Tensor]) -> None:
         kwargs["position_ids"] = positions_in_segments(seq_idx.long())
     elif isinstance(lengths, Tensor) and lengths.dim() == 1:
         kwargs["position_ids"] = positions_in_segments(segments_from_lengths(lengths, *tokens.shape[:2]))
+
+
+def heads_dropping(module: Any, owner: type) -> list[tuple[type, Callable, bool]]:
+    """The model classes of ``module`` besides ``owner`` (the task heads: ``GPT2LMHeadModel`` ...) whose
+    own ``forward`` takes ``**kwargs`` but hands them to no call of its base model: a packed row's lengths
+    (``cu_seq_lens_q``, ``seq_idx``) stop there, and its positions too where the head takes none of its
+    own (5.x's BLOOM heads). (class, its forward, whether it hands ``position_ids`` on) each."""
+    found = []
+    for value in vars(module).values():
+        forward = value.__dict__.get("forward") if isinstance(value, type) else None
+        base = getattr(value, "base_model_prefix", None)
+        if forward is None or value is owner or value.__module__ != module.__name__ or not base:
+            continue
+        try:
+            params = inspect.signature(forward).parameters
+            tree = ast.parse(textwrap.dedent(inspect.getsource(inspect.unwrap(forward))))
+        except (OSError, TypeError, ValueError, SyntaxError):
+            continue
+        var = next((p.name for p in params.values() if p.kind is inspect.Parameter.VAR_KEYWORD), None)
+        calls = [  # self.<base model>(...): does it hand the kwargs on?
+            node
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == base
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == "self"
+        ]
+        hands_on = any(
+            k.arg is None and isinstance(k.value, ast.Name) and k.value.id == var
+            for call in calls
+            for k in call.keywords
+        )
+        if var is not None and calls and not hands_on:
+            found.append((value, forward, "position_ids" in params))
+    return found
+
+
+def handing_on(original: Callable, pin: Pin, takes_positions: bool) -> Callable:
+    """A task head's ``forward`` (:func:`heads_dropping`) that keeps a packed row reaching its base model:
+    its lengths become positions (counting from 0 in each sequence) where the caller gives none, and
+    positions the head would drop go to the base model's patched forward through the call's context
+    (``CALL.handed``, taken by the first patched forward that runs inside)."""
+
+    @functools.wraps(original)
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        lengths = "cu_seq_lens_q" in kwargs or "seq_idx" in kwargs
+        dropped = not takes_positions and kwargs.get("position_ids") is not None
+        if not (lengths or dropped) or not PACKED[0] or not patched_here(pin):
+            return original(self, *args, **kwargs)
+        if kwargs.get("position_ids") is None:
+            tokens = kwargs.get("input_ids")
+            if tokens is None:
+                tokens = args[0] if args else kwargs.get("inputs_embeds")
+            positions_from_lengths(kwargs, tokens if isinstance(tokens, Tensor) else None)
+        if takes_positions or kwargs.get("position_ids") is None:
+            return original(self, *args, **kwargs)
+        before, CALL.handed = CALL.handed, kwargs.pop("position_ids")
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            CALL.handed = before
+
+    return forward
 
 
 def warn_not_kept(arch: str, why: str) -> None:

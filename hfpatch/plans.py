@@ -42,11 +42,15 @@ class Plan(NamedTuple):
     eager_mask_attr: Optional[str] = None  # see ``Adapter.eager_mask``: only where its releases match
     masks: Any = None  # a ``hfpatch.windows.MaskPlan`` where the class's mask code takes a 4-D mask
     ids_rank: int = 2  # ``Family.ids_rank``: 3 for audio codes ``[batch, tokens, channels]``
+    handed: bool = False  # a task head hands it positions it drops itself (``CALL.handed``: 5.x's BLOOM)
 
 
-def read_plan(adapter: Adapter, forward: Callable, owner: Optional[type] = None) -> Plan:
+def read_plan(
+    adapter: Adapter, forward: Callable, owner: Optional[type] = None, handed: bool = False
+) -> Plan:
     """Read ``forward``'s signature (``owner``: its class); ``TypeError`` saying what is missing if it is
-    not the expected one."""
+    not the expected one. ``handed``: a task head of its module hands it the caller's positions through
+    the call's context (:func:`hfpatch.packed.handing_on`)."""
     try:
         params = list(inspect.signature(forward).parameters.values())
     except (TypeError, ValueError) as exc:
@@ -82,13 +86,14 @@ def read_plan(adapter: Adapter, forward: Callable, owner: Optional[type] = None)
         old_cache_kw=_renamed_from(forward, cache_kw),
         attached_cache=attached,
         eager_mask_attr=eager_mask[1] if in_era else None,
-        # a multimodal wrapper's masks stay transformers' (it builds them, or its text model does from the
-        # 2-D mask), and so do those of seq2seq stacks that take no positions (none has a window); a
-        # seq2seq decoder packs no rows
+        # the masks of seq2seq stacks that take no positions stay transformers' (none has a window); a
+        # seq2seq decoder packs no rows; a multimodal text model's windows stay transformers' (the forward
+        # leaves them: Family.multimodal), its packed rows are kept where its mask code takes a 4-D mask
         masks=None
-        if owner is None or family.multimodal or family.hands_to
+        if owner is None or (family.hands_to and not family.from_mask)
         else mask_plan(owner, not family.seq2seq),
         ids_rank=family.ids_rank,
+        handed=handed,
     )
 
 

@@ -31,6 +31,7 @@ __all__ = [
     "restarts",
     "segments",
     "segments_from_lengths",
+    "sequence_lengths",
     "static_fill_level",
     "stock_error",
     "window_mask",
@@ -139,10 +140,14 @@ def segments(position_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] 
     """Which packed sequence each column of a row belongs to: a new one starts at a real token whose
     position is not the previous real token's + 1 (transformers' own rule,
     ``masking_utils.find_packed_sequence_indices``, which has no mask; here pads are skipped, so that the
-    positions a padded batch is given, pads repeating a position, never split a row).
+    positions a padded batch is given, pads repeating a position, never split a row). Multimodal rope
+    positions (Qwen-VL): the form ``[text; t; h; w]`` by its text row; the form ``[t; h; w]`` starts a
+    sequence where all three are 0 (within one, an image keeps ``t`` while ``h`` and ``w`` run, and text
+    goes on from the largest).
 
     Args:
-        position_ids: ``[batch, length]``, the positions of a row that may pack several sequences.
+        position_ids: ``[batch, length]``, the positions of a row that may pack several sequences (or
+            ``[3 or 4, batch, length]``, multimodal rope positions).
         attention_mask: ``[batch, length]``, 1 for real tokens (None: every token is real).
 
     Returns:
@@ -172,6 +177,13 @@ def restarts(position_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] 
 
 def _starts(position_ids: torch.Tensor, attention_mask: Optional[torch.Tensor]) -> torch.Tensor:
     """``[batch, length]`` bool: the real tokens that start a packed sequence after the row's first."""
+    if position_ids.dim() == 3 and position_ids.shape[0] == 4:  # [text; t; h; w]: the text row says
+        position_ids = position_ids[0]
+    elif position_ids.dim() == 3:  # [t; h; w]: all three 0, after the row's first real token
+        zero = (position_ids == 0).all(0)
+        real = torch.ones_like(zero) if attention_mask is None else attention_mask != 0
+        before = real.long().cumsum(-1) - real.long()  # real tokens before each column
+        return real & zero & (before > 0)
     if attention_mask is None:
         starts = position_ids[:, 1:] != position_ids[:, :-1] + 1
         return torch.nn.functional.pad(starts, (1, 0))
@@ -195,6 +207,35 @@ def segments_from_lengths(cu_seq_lens: torch.Tensor, batch: int, length: int) ->
     tokens = torch.arange(batch * length, device=cu_seq_lens.device)
     ends = cu_seq_lens[1:].to(torch.int64).contiguous()
     return torch.searchsorted(ends, tokens, right=True).reshape(batch, length)
+
+
+def sequence_lengths(segment_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """A packed batch's rows flattened into one, cut where a packed sequence starts and where real tokens
+    and pads meet: the cumulative lengths of the pieces from 0 (``cu_seq_lens``, what flash attention's
+    varlen kernel takes: every piece attended on its own), and how many sequences a pad splits (holes:
+    those the pieces cannot give). Eager code: the number of pieces is read.
+
+    Args:
+        segment_ids: ``[batch or 1, length]``, :func:`segments` of the row.
+        attention_mask: ``[batch, length]``, 1 for real tokens.
+
+    Returns:
+        (int32 ``[pieces + 1]``, an int).
+
+    Example:
+        >>> sequence_lengths(torch.tensor([[0, 0, 0, 1, 1, 1]]), torch.tensor([[1, 1, 1, 1, 1, 0]]))
+        (tensor([0, 3, 5, 6], dtype=torch.int32), 0)
+    """
+    real = attention_mask != 0
+    segment_ids = segment_ids.expand(real.shape)
+    starts = torch.ones_like(real)
+    starts[:, 1:] = (segment_ids[:, 1:] != segment_ids[:, :-1]) | (real[:, 1:] != real[:, :-1])
+    flat = starts.reshape(-1).nonzero().squeeze(1)
+    total = torch.tensor([real.numel()], device=flat.device)
+    cu_seq_lens = torch.cat([flat, total]).to(torch.int32)
+    real_pieces = int((starts & real).sum())
+    sequences = int(torch.unique(segment_ids[real] + real.shape[1] * real.nonzero()[:, 0]).numel())
+    return cu_seq_lens, real_pieces - sequences
 
 
 def positions_in_segments(segment_ids: torch.Tensor) -> torch.Tensor:

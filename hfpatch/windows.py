@@ -37,7 +37,7 @@ import torch
 
 from . import caches
 from ._compat import cache_utils
-from .positions import cache_positions, window_mask
+from .positions import cache_positions, sequence_lengths, window_mask
 
 __all__ = [
     "FORMS",
@@ -46,7 +46,7 @@ __all__ = [
     "configured_window",
     "layer_types",
     "mask_plan",
-    "packed_here",
+    "packed_not_kept",
     "positional",
     "smallest_window",
     "text_config",
@@ -58,8 +58,11 @@ SLIDING, CHUNKED, FULL = "sliding_attention", "chunked_attention", "full_attenti
 # a full-attention layer otherwise
 INDEXED = ("indexed_attention", "deepseek_sparse_attention")
 KNOWN_TYPES = (FULL, SLIDING, CHUNKED, *INDEXED)  # the layer types whose masks hfpatch builds
-ATTENTION = ("eager", "sdpa")  # flash attention unpads and applies its own window; flex: left to stock
+ATTENTION = ("eager", "sdpa")  # the attentions that read hfpatch's masks (flex: a packed row's BlockMask)
 FLEX = "flex_attention"  # a packed row's BlockMask, where the mask functions take one (4.53+)
+# flash attention (2, 3, kernels): it unpads by the 2-D mask and applies its own window over the unpadded
+# keys, so by position: hfpatch keeps its cache whole, and hands a packed row's sequences by their lengths
+FLASH = "flash"
 
 # how a class's mask code reads a 4-D mask it is given
 MASK_FUNCTIONS = "mask functions"  # masking_utils (4.53+): as given; bool for SDPA, float for eager
@@ -88,6 +91,9 @@ class MaskPlan(NamedTuple):
     decoder_cache: bool = False  # an encoder-decoder model's decoder (T5Gemma): its cache is an
     # ``EncoderDecoderCache``, whose self-attention cache holds the windowed layers
     packed: bool = True  # a row whose positions restart is kept to its sequences (not a seq2seq decoder's)
+    # its forward hands ``**kwargs`` on to the attention, and the release's flash attention takes sequence
+    # lengths (``cu_seq_lens_q``, 4.47+): a packed row with a mask reaches flash attention by its lengths
+    flash_lengths: bool = False
 
     @property
     def float_masks(self) -> bool:
@@ -131,7 +137,20 @@ def mask_plan(owner: type, packed: bool = True) -> Optional[MaskPlan]:
     by_slots = getter is not None and "cache_position" in inspect.signature(getter).parameters
     ignored = not masking_utils and "use_sliding_window" not in update_source + builder_source
     decoder = "EncoderDecoderCache(" in source
-    return MaskPlan(form, takes_dict, by_slots, windowed, ignored, decoder, packed)
+    lengths = _flash_takes_lengths() and any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in inspect.signature(owner.forward).parameters.values()
+    )
+    return MaskPlan(form, takes_dict, by_slots, windowed, ignored, decoder, packed, lengths)
+
+
+def _flash_takes_lengths() -> bool:
+    """Whether the release's flash attention takes a packed row's sequence lengths (``cu_seq_lens_q``)."""
+    utils = sys.modules.get("transformers.modeling_flash_attention_utils")
+    forward = getattr(utils, "_flash_attention_forward", None)
+    try:
+        return forward is not None and "cu_seq_lens_q" in inspect.signature(forward).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _dict_skips_a_name(source: str) -> bool:
@@ -170,14 +189,15 @@ def apply_masks(
     config = text_config(model)
     attention = getattr(config, "_attn_implementation", None)
     flex = attention == FLEX and packed is not None and plan.form == MASK_FUNCTIONS
-    if attention not in ATTENTION and not flex:
+    flash = isinstance(attention, str) and attention.startswith(FLASH)
+    if attention not in ATTENTION and not flex and not flash:
         return False
     types = layer_types(config, plan) if plan.windowed else [FULL]
     windows = {kind: window_of(config, kind) for kind in dict.fromkeys(types)}
     if plan.decoder_cache:  # T5Gemma 2 merges each kind with the cross mask, whichever its layers use
         windows.setdefault(FULL, None)
     sizes = [size for size in windows.values() if size is not None]
-    if not set(windows) <= set(KNOWN_TYPES) or (len(windows) > 1 and not plan.takes_mask_dict):
+    if not set(windows) <= set(KNOWN_TYPES) or (len(windows) > 1 and not plan.takes_mask_dict and not flash):
         return False  # a layer type this does not know (linear, hybrid ...): left to stock
     if packed is None:
         if not sizes:
@@ -185,10 +205,12 @@ def apply_masks(
         cache = _whole_cache(model, plan, config, cache_kw, kwargs, cache)
         if cache is False:
             return False
-        if mask.shape[1] <= min(window or chunk for window, chunk in sizes):
-            return (
-                True  # every key is inside every window, by column and by position alike: stock's are right
-            )
+        if flash or mask.shape[1] <= min(window or chunk for window, chunk in sizes):
+            # every key inside every window, by column and by position alike: stock's are right; flash
+            # attention applies its window over the unpadded keys (by position), all of them kept now
+            return True
+    elif flash:
+        return plan.flash_lengths and _by_lengths(kwargs, mask, packed[1])
     positions, segment_ids = packed if packed is not None else (None, None)
     slots = start if isinstance(start, torch.Tensor) else cache_positions(num_new, start, mask.device)
     first = {kind: types.index(kind) if kind in types else 0 for kind in windows}  # (a kind no layer uses)
@@ -209,6 +231,23 @@ def apply_masks(
     if packed is not None and attention == "sdpa" and not torch.compiler.is_compiling():
         _by_sequence(masks, windows, mask, segment_ids)
     kwargs["attention_mask"] = masks if plan.takes_mask_dict else masks[types[0]]
+    return True
+
+
+def _by_lengths(kwargs: dict, mask: torch.Tensor, segment_ids: torch.Tensor) -> bool:
+    """A packed row for flash attention: no mask (it would unpad each row as one sequence), the sequences
+    by their lengths over the flattened rows instead (transformers' own packed path reads the positions,
+    which some models do not hand their attention) (``cu_seq_lens_q/k``, ``max_length_q/k``; each run
+    of pads a sequence of its own, never attended by a real token). False (left to stock) where a pad
+    sits inside a sequence: the lengths cannot skip it."""
+    cu_seq_lens, pieces = sequence_lengths(segment_ids, mask)
+    if pieces:
+        return False
+    longest = int((cu_seq_lens[1:] - cu_seq_lens[:-1]).max())
+    kwargs["attention_mask"] = None
+    kwargs.update(
+        cu_seq_lens_q=cu_seq_lens, cu_seq_lens_k=cu_seq_lens, max_length_q=longest, max_length_k=longest
+    )
     return True
 
 
@@ -243,18 +282,34 @@ def _whole_cache(
     return cache
 
 
-def packed_here(model: Any, plan: Optional[MaskPlan]) -> bool:
-    """Whether a packed row of ``model`` (the patched module's plan) is kept to its sequences: its mask
-    code takes a 4-D mask, for layer types this knows, in an attention that reads it (eager, SDPA; flex
-    where the mask functions take its BlockMask)."""
+NO_4D_MASK = "its mask code takes no 4-D mask on this transformers release"
+
+
+def packed_not_kept(model: Any, plan: Optional[MaskPlan], masked: bool) -> Optional[str]:
+    """Why a packed row of ``model`` (the patched module's plan) is not kept to its sequences here, or
+    None where it is: its mask code takes a 4-D mask, for layer types this knows, in an attention that
+    reads it (eager, SDPA; flex where the mask functions take its BlockMask; flash by the sequences'
+    lengths, mask or not: a model may hand flash attention no positions). "" where transformers keeps it
+    itself (flash attention without a mask, on releases whose flash takes no lengths: by the positions).
+    ``masked``: the call has a 2-D mask."""
     if plan is None or not plan.packed:
-        return False
+        return NO_4D_MASK
     config = text_config(model)
     attention = getattr(config, "_attn_implementation", None)
-    if attention not in ATTENTION and not (attention == FLEX and plan.form == MASK_FUNCTIONS):
-        return False
+    flash = isinstance(attention, str) and attention.startswith(FLASH)
+    if flash and not plan.flash_lengths:  # transformers' own, by the positions, where there is no mask
+        return "flash attention with a mask takes no sequence lengths here" if masked else ""
     kinds = set(layer_types(config, plan)) if plan.windowed else {FULL}
-    return kinds <= set(KNOWN_TYPES) and (len(kinds) == 1 or plan.takes_mask_dict)
+    if not kinds <= set(KNOWN_TYPES):
+        return "its layer types take no mask by position"
+    if flash:
+        return None
+    if attention not in ATTENTION and not (attention == FLEX and plan.form == MASK_FUNCTIONS):
+        taken = "eager, SDPA" + (", flex" if plan.form == MASK_FUNCTIONS else "") + " or flash"
+        return f"with {attention} attention (a mask by sequence reaches {taken} attention)"
+    if len(kinds) > 1 and not plan.takes_mask_dict:
+        return "its layer types take no mask by position"
+    return None
 
 
 def positional(model: Any, cls: str) -> bool:
@@ -266,11 +321,10 @@ def positional(model: Any, cls: str) -> bool:
     if plan is None or not plan.windowed:
         return False
     kinds = set(layer_types(config, plan))
-    return (
-        getattr(config, "_attn_implementation", None) in ATTENTION
-        and kinds <= set(KNOWN_TYPES)
-        and (len(kinds) == 1 or plan.takes_mask_dict)
-    )
+    attention = getattr(config, "_attn_implementation", None)
+    if isinstance(attention, str) and attention.startswith(FLASH):  # its own window, over the whole cache
+        return kinds <= set(KNOWN_TYPES)
+    return attention in ATTENTION and kinds <= set(KNOWN_TYPES) and (len(kinds) == 1 or plan.takes_mask_dict)
 
 
 def smallest_window(model: Any, cls: Optional[str] = None) -> Optional[int]:

@@ -238,7 +238,8 @@ def test_sequences_given_by_their_lengths(arch, attention):
                 model(**batch)
         except TypeError as exc:
             pytest.skip(f"{type(model).__name__} takes no {sorted(batch)} in transformers {TF}: {exc}")
-        if not any(name in seen[-1] for name in ("cu_seq_lens_q", "seq_idx")):
+        # (a head that drops the lengths, 4.57's GPT-2: hfpatch turns them into positions before it)
+        if not any(seen[-1].get(name) is not None for name in ("cu_seq_lens_q", "seq_idx", "position_ids")):
             pytest.skip(f"{type(model).__name__} does not hand {sorted(batch)} to its base model in {TF}")
         with torch.no_grad():
             assert worst(model, model(**batch).logits, spans) <= TOLERANCE, options
@@ -394,3 +395,81 @@ def test_any_packing(model, drawn):
     else:
         with stock(), torch.no_grad():
             assert torch.equal(model(**kwargs).logits, logits)
+
+
+# --- models that take their positions from the mask, multimodal text models -----------------------
+
+FROM_MASK = {"opt": "4.46", "bloom": "4.44"}  # their packed rows are kept from (first releases that can)
+
+
+@pytest.mark.parametrize("arch", sorted(FROM_MASK))
+def test_models_that_take_their_positions_from_the_mask(arch, fresh_warnings):
+    """OPT (its table from the mask's cumsum, or the caller's positions) and BLOOM (ALiBi from the mask's
+    cumsum; 5.x's heads drop the positions before the base model): right on stock with padding, so
+    hfpatch changes no padded call; their packed rows, every layout and the collator's lengths, are kept
+    to each sequence, where stock lets the sequences see each other."""
+    if TF < Version(FROM_MASK[arch]):
+        pytest.skip(f"{arch}'s packed rows are kept from {FROM_MASK[arch]} (installed {TF})")
+    model = tiny(arch, "eager")
+    assert hfpatch.status()[arch].state == "applied" and hfpatch.status()[arch].packed.startswith("yes")
+    left = {"input_ids": torch.tensor([[0, 0, 5, 6, 7], [8, 9, 10, 11, 12]]),
+            "attention_mask": torch.tensor([[0, 0, 1, 1, 1], [1] * 5])}  # fmt: skip
+    with torch.no_grad():
+        assert same_as_stock(lambda: [model(**left).logits]) == "ok"
+    for layout in ("no mask", "an all-ones mask", "two right-padded rows"):
+        logits, spans, _ = run_layout(model, layout)
+        assert worst(model, logits, spans) <= TOLERANCE, layout
+        with stock():
+            wrong, _, _ = run_layout(model, layout)
+        assert worst(model, wrong, spans) > WRONG, f"stock is right here ({layout}): the test shows nothing"
+    collator = getattr(__import__("transformers"), "DataCollatorWithFlattening", None)
+    try:
+        batch = collator(return_position_ids=False, return_flash_attn_kwargs=True)(
+            [{"input_ids": list(seq)} for seq in SEQUENCES]
+        )
+    except TypeError:  # older collators: no such option
+        return
+    batch.pop("labels")
+    spans = [(0, sum(len(s) for s in SEQUENCES[:i]), seq) for i, seq in enumerate(SEQUENCES)]
+    try:
+        with torch.no_grad(), stock():
+            model(**batch)
+    except (TypeError, ValueError) as exc:  # a head that takes no lengths: stock raises, and so does this
+        assert "cu_seq_lens" in str(exc) or "unexpected" in str(exc), exc
+        return
+    with torch.no_grad():
+        assert worst(model, model(**batch).logits, spans) <= TOLERANCE
+
+
+def test_every_status_entry_answers_packed():
+    """``status()[type].packed`` is yes or no-with-why for every model type, patched or not, imported or
+    not; after ``apply(packed=False)`` every one says no, and why."""
+    for entry in hfpatch.status().values():
+        assert entry.packed.startswith(("yes", "no: ")), (entry.arch, entry.packed)
+    hfpatch.apply(packed=False)
+    try:
+        assert all(e.packed.startswith("no: left to stock") for e in hfpatch.status().values())
+    finally:
+        hfpatch.apply(packed=True)
+
+
+def test_the_environment_variable_is_read_by_apply(monkeypatch, model):
+    """``HFPATCH_PACKED=0`` means the same for a program's own ``hfpatch.apply()`` as for the launcher: the
+    process's first apply() without ``packed=`` reads it (a bad value: ValueError naming it)."""
+    from hfpatch import engine
+
+    kwargs, _ = pack([list(SEQUENCES)], mask=True)
+    monkeypatch.setattr(engine, "_environment_read", [])
+    monkeypatch.setenv("HFPATCH_PACKED", "maybe")
+    with pytest.raises(ValueError, match="HFPATCH_PACKED=maybe"):
+        hfpatch.apply()
+    monkeypatch.setenv("HFPATCH_PACKED", "0")
+    try:
+        hfpatch.apply()
+        assert hfpatch.status()[model.config.model_type].packed.startswith("no: left to stock")
+        with torch.no_grad():
+            assert same_as_stock(lambda: [model(**kwargs).logits]) == "ok"
+        hfpatch.apply()  # read once: a later apply() keeps what the program said since
+        assert hfpatch.status()[model.config.model_type].packed.startswith("no")
+    finally:
+        hfpatch.apply(packed=True)

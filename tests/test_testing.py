@@ -168,7 +168,9 @@ class _HandWritten(torch.nn.Module):
         self.attention = torch.nn.MultiheadAttention(width, 2, batch_first=True)
         self.head = torch.nn.Linear(width, vocab)
 
-    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=None):
+    def forward(
+        self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=None
+    ):
         import types
 
         mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask

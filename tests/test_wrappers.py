@@ -235,3 +235,60 @@ def test_verify_runs_the_text_scenarios(model_type, adapter):
     assert len(result.rows) >= 4, str(result)
     if model_type == "llava":
         assert "llava runs LlamaModel, patched by the 'llama' adapter" in result.notes, str(result)
+
+
+SEQUENCES = ([5, 6, 7, 8, 9, 10], [11, 12, 13], [14, 15, 16, 17, 18])
+# the forms a text-only packed row's positions take: 2-D (DataCollatorWithFlattening, TRL's padding_free),
+# the multimodal rope rows [t; h; w] and [text; t; h; w] (all equal for text), with or without a mask
+POSITION_FORMS = ("2-D", "[t; h; w]", "[text; t; h; w]")
+
+
+def _packed_positions(form: str) -> torch.Tensor:
+    positions = torch.tensor([[i for seq in SEQUENCES for i in range(len(seq))]])
+    rows = {"2-D": 0, "[t; h; w]": 3, "[text; t; h; w]": 4}[form]
+    return positions if not rows else positions[None].expand(rows, 1, -1).contiguous()
+
+
+@pytest.mark.parametrize("model_type", ["qwen2_vl", pytest.param("qwen3_vl", marks=pytest.mark.slow)])
+def test_text_only_packed_rows_of_the_qwen_vl_family(model_type):
+    """Several text sequences packed in a row (no image), in each form the positions come in, with and
+    without an all-ones mask: each sequence gets its own logits, and a packed training step (train mode,
+    dropout off) its own loss and gradients; stock lets the sequences see each other."""
+    if model_type not in REGISTRY or not hfpatch.status()[model_type].support.startswith(("tested", "untested")):
+        pytest.skip(f"{model_type} is not patched in transformers {TF}")
+    model = _model(model_type, model_type, "sdpa")
+    ids = torch.tensor([[t for seq in SEQUENCES for t in seq]])
+    spans = [(sum(len(s) for s in SEQUENCES[:i]), seq) for i, seq in enumerate(SEQUENCES)]
+    with torch.no_grad(), hfpatch.unpatched():
+        alone = [model(input_ids=torch.tensor([seq])).logits[0] for seq in SEQUENCES]
+    for form in POSITION_FORMS:
+        for mask in (None, torch.ones_like(ids)):
+            kwargs = {"input_ids": ids, "position_ids": _packed_positions(form)}
+            if mask is not None:
+                kwargs["attention_mask"] = mask
+            with torch.no_grad():
+                got = model(**kwargs).logits[0]
+                with hfpatch.unpatched():
+                    wrong = model(**kwargs).logits[0]
+            worst = max((got[s : s + len(seq)] - a).abs().max().item() for (s, seq), a in zip(spans, alone))
+            off = max((wrong[s : s + len(seq)] - a).abs().max().item() for (s, seq), a in zip(spans, alone))
+            assert worst <= TOLERANCE and off > WRONG, (form, mask is not None, worst, off)
+    assert hfpatch.status()[model_type].packed.startswith("yes")
+    # a training step, the [text; t; h; w] form: the loss and gradients of the sequences alone
+    labels = ids.clone()
+    labels[_packed_positions("2-D") == 0] = -100
+    model.train()
+    try:
+        model.zero_grad(set_to_none=True)
+        model(input_ids=ids, position_ids=_packed_positions("[text; t; h; w]"), labels=labels).loss.backward()
+        packed = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        model.zero_grad(set_to_none=True)
+        total = sum(len(seq) - 1 for seq in SEQUENCES)
+        with hfpatch.unpatched():
+            for seq in SEQUENCES:
+                out = model(input_ids=torch.tensor([seq]), labels=torch.tensor([seq]))
+                (out.loss * (len(seq) - 1) / total).backward()
+        want = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    finally:
+        model.eval()
+    assert max(((packed[k] - want[k]).norm() / want[k].norm().clamp(min=1e-12)).item() for k in want) <= 1e-4

@@ -2,7 +2,7 @@
 transformers 5.24.0 (docs/architectures.md): ``status()`` lists them, ``apply()``
 never touches them, ``verify()`` still probes them."""
 
-from ..declarations import NOT_COVERED, NOT_FIXABLE, RIGHT_ON_STOCK, Undeclared
+from ..declarations import NOT_COVERED, NOT_FIXABLE, Undeclared
 
 RECURRENT = "a recurrent or convolution state absorbs pads: a hole in a cached prefix still advances it"
 HYBRID = f"attention layers are fixed by positions, but {RECURRENT}"
@@ -13,8 +13,6 @@ CACHE_COLUMNS = (
 
 # fmt: off
 UNDECLARED = (
-    Undeclared("bloom", RIGHT_ON_STOCK, "ALiBi is built from the mask's cumsum"),
-    Undeclared("opt", RIGHT_ON_STOCK, "OPTModel derives positions from the mask's cumsum"),
     Undeclared("mamba", NOT_FIXABLE, f"SSM: {RECURRENT}"),
     Undeclared("mamba2", NOT_FIXABLE, f"SSM: {RECURRENT}"),
     Undeclared("falcon_mamba", NOT_FIXABLE, f"SSM: {RECURRENT}"),

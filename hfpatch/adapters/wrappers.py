@@ -26,6 +26,11 @@ column, not the new tokens), with hfpatch too; ``generate()`` passes positions o
 a prefix LM: on 4.57.6 and 5.5.4 a masked prefill attends the whole prompt both ways, so its reference
 is each row alone through the same cached calls.
 
+Packed rows (positions restarting, text only): the text models keep them as a decoder does, from the
+2-D positions a collator gives or the multimodal rope forms (``[text; t; h; w]`` by its text row,
+``[t; h; w]`` restarting where all three are 0; :func:`hfpatch.positions.segments`); a wrapper that hands
+the positions to a patched language model (EXAONE 4.5) keeps them there; PaliGemma, a prefix LM, does not.
+
 Not patched:
 
 - ``through its language model``: a wrapper whose language model is a class hfpatch patches (LLaVA runs
@@ -35,13 +40,14 @@ Not patched:
 """
 
 from ..declarations import NOT_COVERED, NOT_FIXABLE, THROUGH_LANGUAGE_MODEL, Adapter, Undeclared
-from .rotary import ROTARY
+from .rotary import BY_LANGUAGE_MODEL, ROTARY
 
 MULTIMODAL = ROTARY._replace(multimodal=True)
 WINDOW = (
     "sliding window: decided by cache column (transformers', which builds it from the wrapper's mask), so a "
     "hole from a padded cached prefix inside the window stays wrong; prefixes shorter than the window are exact"
 )
+PREFIX_LM = "no: a prefix LM (a call's text attends both ways): no packed row is its sequences alone"
 PALIGEMMA_SDPA = (
     "SDPA attention from 5.9: a padded text prefix stays wrong with the right positions, on stock alike (its "
     "prefix attends both ways; measured 5.9.0-5.24.0): eager attention is exact"
@@ -49,8 +55,8 @@ PALIGEMMA_SDPA = (
 
 # fmt: off
 ADAPTERS = (
-    Adapter("paligemma", "PaliGemmaModel", MULTIMODAL, "4.52", limits=(WINDOW, PALIGEMMA_SDPA)),  # 2: Gemma 2's window
-    Adapter("exaone4_5", "Exaone4_5_Model", MULTIMODAL, "5.8", limits=(WINDOW,)),
+    Adapter("paligemma", "PaliGemmaModel", MULTIMODAL, "4.52", limits=(WINDOW, PALIGEMMA_SDPA), packed=PREFIX_LM),  # 2: Gemma 2's window
+    Adapter("exaone4_5", "Exaone4_5_Model", MULTIMODAL, "5.8", limits=(WINDOW,), packed=BY_LANGUAGE_MODEL),
     Adapter("qwen2_vl", "Qwen2VLTextModel", MULTIMODAL, "5.2"),
     Adapter("qwen2_5_vl", "Qwen2_5_VLTextModel", MULTIMODAL, "5.2"),
     Adapter("qwen3_vl", "Qwen3VLTextModel", MULTIMODAL, "5.2"),
@@ -81,7 +87,7 @@ NOT_MEASURED = "not measured ({})"
 
 def _through(arch: str, adapter: str, cls: str, measured: str = MEASURED) -> Undeclared:
     return Undeclared(
-        arch, THROUGH_LANGUAGE_MODEL, f"runs {cls}, patched by the {adapter!r} adapter; {measured}"
+        arch, THROUGH_LANGUAGE_MODEL, f"runs {cls}, patched by the {adapter!r} adapter; {measured}", adapter
     )
 
 

@@ -16,7 +16,15 @@ from .result import TOLERANCE, CannotVerify
 from .scenarios import Inputs, outputs
 from .tiny import seq2seq_auto_class, tiny_model, tiny_multimodal, tiny_seq2seq
 
-__all__ = ["TINY_ATTENTION", "check_causal", "check_runs", "first_line", "is_multimodal", "load", "plain_call"]
+__all__ = [
+    "TINY_ATTENTION",
+    "check_causal",
+    "check_runs",
+    "first_line",
+    "is_multimodal",
+    "load",
+    "plain_call",
+]
 
 # the attention a tiny image-text-to-text model of these types is built with for ``verify TYPE``, where
 # the release's default hits a declared limit of the adapter (the limit stays in the notes)
@@ -131,7 +139,9 @@ def plain_call(model: Any, model_type: str) -> dict[str, Any]:
             return {"use_cache": False}
         except Exception:  # noqa: BLE001 - the first failure is the one to report
             pass
-    raise CannotVerify(f"{model_type}: a plain call model(input_ids=...) fails: {first_line(failed)}") from failed
+    raise CannotVerify(
+        f"{model_type}: a plain call model(input_ids=...) fails: {first_line(failed)}"
+    ) from failed
 
 
 def check_causal(model: Any, model_type: str, prefix_lm: bool = False, plain: Optional[dict] = None) -> bool:

@@ -99,6 +99,10 @@ def verify(model: Union[str, os.PathLike, Any], static: bool = True) -> Verifica
     if entry is not None and entry.reason and entry.state != engine.APPLIED:
         notes.append(entry.reason)
     patches = adapter is not None and engine.patchable(adapter.arch)
+    if adapter is not None and adapter.family.from_mask:  # its own positions: nothing of hfpatch's to probe
+        static = False  # with a StaticCache (some releases fail it on stock alike)
+        notes.append("it derives its positions from the mask itself (right on stock with padding): hfpatch "
+                     "keeps its packed rows only (hfpatch.testing's packed family checks them)")  # fmt: skip
     probes = _probes(model, adapter, static and adapter is not None, inputs)
     if seq2seq:
         probes += _encoder_probes(model, inputs, notes)
@@ -111,7 +115,9 @@ def verify(model: Union[str, os.PathLike, Any], static: bool = True) -> Verifica
     not_checked = ()
     if not any(probe.scenario.cached for probe in probes):
         if not inputs.uncached:  # (said above)
-            notes.append("the model returns no KV cache to continue from: the cached scenarios are not probed")
+            notes.append(
+                "the model returns no KV cache to continue from: the cached scenarios are not probed"
+            )
         not_checked = ("its KV-cached calls",)
     state = entry.state if entry is not None else "unknown to hfpatch"
     by_hand = patches or inputs.positions in inspect.signature(model.forward).parameters

@@ -23,7 +23,12 @@ ROWS = ([5, 6, 7], [8, 9, 10, 11, 12], [13, 14], [15, 16, 17, 18, 19], [20, 21, 
 def trainer(tmp_path):
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
-    from transformers import DataCollatorForLanguageModeling, PreTrainedTokenizerFast, Trainer, TrainingArguments
+    from transformers import (
+        DataCollatorForLanguageModeling,
+        PreTrainedTokenizerFast,
+        Trainer,
+        TrainingArguments,
+    )
 
     vocab = {f"t{i}": i for i in range(VOCAB)}
     tokenizer = PreTrainedTokenizerFast(
