@@ -213,9 +213,10 @@ def _detects_packing(model: Any, adapter: Any) -> bool:
 
 
 # a call of masking_utils' mask functions that passes the positions (or a dict of their arguments with them)
+# (or the one it picked: ``mask_function = create_causal_mask if ... else create_sliding_window_causal_mask``)
 _HANDS_POSITIONS = re.compile(
-    r"create_(?:causal|sliding_window_causal|chunked_causal)_mask\((?:[^()]|\([^()]*\))*position_ids"
-    r"|[\"']position_ids[\"']\s*:\s*position_ids"
+    r"(?:create_(?:causal|sliding_window_causal|chunked_causal)_mask|mask_function)\((?:[^()]|\([^()]*\))*"
+    r"position_ids|[\"']position_ids[\"']\s*:\s*position_ids"
 )
 
 

@@ -46,6 +46,7 @@ PACKED = [
     ("llama", [[3, 2, 4], [5, 2]], True, None),  # two padded packed rows
     ("llama", [[3, 3]], False, False),  # no mask, no cache: transformers' own packed path (4.53+)
     ("mistral", [[6, 5]], False, None),  # window 3: a token 4 or more into its sequence sees only it
+    ("mistral", [[6, 5]], False, False),  # transformers' own packed path, its mask function picked by window
 ]
 
 
