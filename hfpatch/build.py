@@ -29,7 +29,7 @@ from ._context import CarryContext, Pin, SdpaSwitch, Users
 from .declarations import Adapter
 from .decoders import HANDS_TO, receiver
 from .forward import make_forward, recording_generated_masks
-from .packed import by_sequence_sdpa, handing_on, heads_dropping
+from .packed import by_sequence_sdpa, handing_on, heads_dropping, warning_of_packed_rows
 from .patches import ABSENT, Patch
 from .plans import read_plan
 from .rope import per_row_forward, rotary_classes
@@ -50,6 +50,12 @@ def build(adapter: Adapter, module: Any, pin: Pin) -> tuple[Patch, ...]:
         raise TypeError(f"{adapter.target} not found in this transformers release")
     if getattr(original, "__hfpatch_adapter__", None) is not None:
         raise TypeError(f"{adapter.target} is already an hfpatch patch (two hfpatch copies imported?)")
+    if adapter.family.watched:  # a class hfpatch does not fix: its packed calls only warn (and its heads'
+        # where they drop the positions: Mamba's)
+        found = [(owner, original), *((head, forward) for head, forward, _ in heads_dropping(module, owner))]
+        return tuple(
+            Patch(cls, "forward", old, warning_of_packed_rows(adapter, old, pin)) for cls, old in found
+        )
     heads = heads_dropping(module, owner)
     plan = read_plan(adapter, original, owner, handed=any(not takes for _, _, takes in heads))
     rows = [Patch(owner, "forward", original, make_forward(adapter, original, plan, pin))]

@@ -19,6 +19,7 @@ __all__ = [
     "SINUSOID",
     "TABLE",
     "THROUGH_LANGUAGE_MODEL",
+    "WATCHED",
     "Adapter",
     "Family",
     "Undeclared",
@@ -53,6 +54,8 @@ class Family(NamedTuple):
             ``tests/test_decoders.py`` checks it against its own reference.
         ids_rank: the rank of the patched forward's ``input_ids``: 3 for ``[batch, tokens, channels]``
             audio codes (Dia), whose forward takes no ``inputs_embeds``.
+        watched: a class hfpatch does not fix (:attr:`Undeclared.watched`): its forward only warns, once,
+            of a packed row it cannot keep to its sequences.
         from_mask: the forward derives its positions from the 2-D mask itself (OPT: the mask's cumsum;
             BLOOM: ALiBi from it), so stock is right with padding and hfpatch derives nothing; it keeps a
             packed row (positions restarting) to its sequences.
@@ -71,6 +74,7 @@ class Family(NamedTuple):
     ids_rank: int = 2
     multimodal: bool = False
     from_mask: bool = False
+    watched: bool = False
 
 
 class Adapter(NamedTuple):
@@ -143,6 +147,9 @@ class Adapter(NamedTuple):
         return "" if self.recognised else f">={self.since},<={NEWEST_TESTED}"
 
 
+# a class hfpatch does not fix, whose forward only warns of a packed row it cannot keep (Undeclared.watched)
+WATCHED = Family("watched", watched=True)
+
 RIGHT_ON_STOCK = "right on stock"
 NOT_FIXABLE = "not fixable by positions"
 NOT_COVERED = "not covered"
@@ -154,9 +161,20 @@ class Undeclared(NamedTuple):
     """A model type hfpatch knows and does not patch itself: ``right on stock``, ``not fixable by
     positions``, ``not covered``, or ``through its language model`` (a wrapper whose language model is
     a patched class), and why (measured on the newest tested release); ``language_model``: the adapter
-    that patches its language model, where it runs through one (its packed rows are that one's)."""
+    that patches its language model, where it runs through one (its packed rows are that one's);
+    ``watched``: its base model class, whose forward hfpatch replaces with one that only warns of a packed
+    row (positions restarting) it cannot keep to its sequences, and ``packed``: why not."""
 
     arch: str
     verdict: str
     reason: str
     language_model: Optional[str] = None
+    watched: Optional[str] = None
+    packed: str = ""
+    package: Optional[str] = None  # the ``transformers.models`` package of ``watched``, where not the type's
+
+    def watcher(self) -> Adapter:
+        """The adapter that installs the warning on ``watched`` (every release that ships it)."""
+        return Adapter(
+            self.arch, self.watched or "", WATCHED, "4.20", package=self.package, packed=self.packed
+        )

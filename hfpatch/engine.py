@@ -112,6 +112,7 @@ class _State:
 _lock = threading.RLock()
 _registry: dict[str, Adapter] = {}
 _undeclared: dict[str, Undeclared] = {}
+_watched: list[str] = []  # model types hfpatch does not patch whose class warns of packed rows
 _aliases: dict[str, str] = {}  # model type -> the adapter that patches its class
 _states: dict[str, _State] = {}
 _left_alone: dict[str, str] = {}  # classes outside transformers that look like decoders, not patched: why
@@ -234,6 +235,9 @@ def _register() -> None:
         if entry.arch in _registry or entry.arch in _aliases or entry.arch in _undeclared:
             raise ValueError(f"model type {entry.arch!r} is declared twice")
         _undeclared[entry.arch] = entry
+        if entry.watched is not None:  # its class only warns of packed rows: installed as the others are
+            _states[entry.arch] = _State(entry.watcher())
+            _watched.append(entry.arch)
 
 
 _register()
@@ -329,7 +333,7 @@ def _want(
             state.skip_reason = state.check_reason
             refused.append((name, state.check_reason))
             continue
-        if verdict.level == UNTESTED_NEWER:
+        if verdict.level == UNTESTED_NEWER and name in _registry:
             untested.append(name)
         if holder is None:
             state.pin.pinned = True
@@ -349,7 +353,8 @@ def _want(
 
             wrapt.register_post_import_hook(_hook(name), state.adapter.module)
             state.hooked = True
-    declared = {name for name in names if _states[name].owner is None}  # (a custom class: status says)
+    # (a custom class: status says; a class that only warns of packed rows fixes nothing)
+    declared = {name for name in names if _states[name].owner is None and name in _registry}
     if declared and declared <= {name for name, _ in refused}:
         reasons = "; ".join(dict.fromkeys(why for name, why in refused if name in declared))
         _warn_once("nothing", f"hfpatch patches nothing for transformers {version}: {reasons}")
@@ -480,7 +485,8 @@ def status() -> Status:
             for u in _undeclared.values()
         ]
         entries += [
-            AdapterStatus(arch, "", "", NOT_COVERED, why, CUSTOM) for arch, why in _left_alone.items()
+            AdapterStatus(arch, "", "", NOT_COVERED, why, CUSTOM, "no: hfpatch does not patch it")
+            for arch, why in _left_alone.items()
         ]
         pinned = any(state.pin.pinned for state in _states.values())
         how = "; ".join(_applied_by) or ("hfpatch.apply() in this program" if pinned else "")
@@ -543,10 +549,13 @@ def _packed(state: _State, how: str) -> str:
 
 
 def _packed_undeclared(entry: Undeclared, answers: Mapping[str, str]) -> str:
-    """A model type hfpatch does not patch keeps its packed rows as stock does: not to their sequences;
-    a wrapper whose language model a patched class runs, as that one does."""
+    """A model type hfpatch does not patch keeps its packed rows as stock does: not to their sequences
+    (where its class is watched, a packed call warns); a wrapper whose language model a patched class
+    runs, as that one does."""
     if not PACKED[0]:
         return PACKED_OFF
+    if entry.packed:
+        return f"{entry.packed} (a packed call warns)" if entry.watched else entry.packed
     own = answers.get(entry.language_model or "")
     if not own:
         return "no: hfpatch does not patch it"
@@ -561,7 +570,7 @@ def select(archs: Archs) -> list[str]:
     ``TypeError`` for anything but a string or an iterable of them, ``ValueError`` for none, or for a
     model type hfpatch does not patch, with the reason or the nearest names."""
     if archs is None:
-        return list(_registry)
+        return [*_registry, *_watched]
     if isinstance(archs, str):
         names = [archs]
     elif isinstance(archs, Iterable) and not isinstance(archs, (bytes, Mapping)):

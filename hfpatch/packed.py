@@ -47,6 +47,7 @@ __all__ = [
     "packed_rows",
     "positions_from_lengths",
     "warn_not_kept",
+    "warning_of_packed_rows",
 ]
 
 GROUPS = "_hfpatch_groups"  # on a mask by sequence handed to SDPA: its Groups
@@ -164,6 +165,37 @@ def handing_on(original: Callable, pin: Pin, takes_positions: bool) -> Callable:
     return forward
 
 
+def warning_of_packed_rows(adapter: Any, original: Callable, pin: Pin) -> Callable:
+    """The ``forward`` of a class hfpatch does not fix (``Family.watched``: recurrent, convolution,
+    linear-attention layers): a packed row it is handed (positions restarting, or sequences given by
+    their lengths) warns, once, that it is not kept to its sequences; the call is stock's, unchanged."""
+    why = adapter.packed.removeprefix("no: ")
+
+    @functools.wraps(original)
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if (
+            ("position_ids" in kwargs or "cu_seq_lens_q" in kwargs or "seq_idx" in kwargs)
+            and PACKED[0]
+            and not torch.compiler.is_compiling()
+            and patched_here(pin)
+        ):
+            seen = {name: kwargs[name] for name in ("position_ids", "attention_mask") if name in kwargs}
+            tokens = kwargs.get("input_ids")
+            if tokens is None:
+                tokens = args[0] if args else kwargs.get("inputs_embeds")
+            tokens = tokens if isinstance(tokens, Tensor) and tokens.dim() >= 2 else None
+            for name in ("cu_seq_lens_q", "seq_idx"):
+                if name in kwargs:
+                    seen[name] = kwargs[name]
+            positions_from_lengths(seen, tokens)
+            if seen.get("position_ids") is not None and packed_rows(seen, tokens) is not None:
+                warn_not_kept(adapter.arch, why)
+        return original(self, *args, **kwargs)
+
+    forward.__hfpatch_adapter__ = adapter.arch  # type: ignore[attr-defined]
+    return forward
+
+
 def warn_not_kept(arch: str, why: str) -> None:
     """Once per model type and reason: a packed row left as stock runs it."""
     key = (arch, why)
@@ -172,8 +204,8 @@ def warn_not_kept(arch: str, why: str) -> None:
     _WARNED.add(key)
     warnings.warn(
         f"hfpatch: a packed row of {arch} (position_ids that restart) is not kept to its sequences: {why}; "
-        "each sequence attends to the ones before it, as on stock (hfpatch.status() says where packed rows "
-        "are kept)",
+        "each sequence sees the ones before it, as on stock (hfpatch.status() says where packed rows are "
+        "kept)",
         RuntimeWarning,
         stacklevel=5,
     )

@@ -137,19 +137,25 @@ def test_packed_rows_covered_architecture(name, model_type, attention, probe):
     assert kind in (EXACT, NOT_KEPT), f"packed rows of {model_type}: {kind} ({said}; stock {on_stock:.2g})"
 
 
-def test_status_lists_every_decoder_only_model_type():
+def test_status_lists_every_model_type_of_every_tested_release():
+    """status() answers for every model type of every tested release's causal-LM, seq2seq, speech-seq2seq
+    and image-text-to-text mappings (compat/model_types.json, read from each release's wheel), and lists
+    no other; on the installed release, for every one it maps."""
+    import json
+    from pathlib import Path
+
     status = hfpatch.status()
     assert all(entry.state and entry.reason for entry in status.values())
-    if TF != Version(NEWEST_TESTED):
-        pytest.skip(f"the table of model types is measured on {NEWEST_TESTED} (installed: {TF})")
+    mapped = json.loads((Path(__file__).parent.parent / "compat" / "model_types.json").read_text())
+    assert not set(mapped) - set(status), f"declare them: {sorted(set(mapped) - set(status))}"
+    declared = {entry.arch for entry in status.values() if entry.support != "custom"}  # (classes of users')
+    assert not declared - set(mapped), f"status() lists unknown model types: {sorted(declared - set(mapped))}"
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    causal = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
-    seq2seq = set(SEQ2SEQ_MODEL_TYPES)  # tests/test_decoders.py checks that each has its entry
-    # mapped on 4.57.6 (nllb: on 4.21-4.25), not on 5.24.0
-    older = {"gptsan-japanese", "xlm-prophetnet", "pixtral", "nllb"}
-    assert not set(status) - causal - seq2seq - older, "status() lists unknown model types"
-    assert causal <= set(status), f"new model types: declare them ({sorted(causal - set(status))})"
+    here = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES) | set(SEQ2SEQ_MODEL_TYPES)
+    assert here <= set(status), f"new model types: declare them ({sorted(here - set(status))})"
+    if TF != Version(NEWEST_TESTED):
+        pytest.skip(f"the table of model types is measured on {NEWEST_TESTED} (installed: {TF})")
     for model_type in NOT_DECODER_ONLY:  # encoders with an LM head, listed as not covered
         assert status[model_type].state == "not covered", status[model_type]
 

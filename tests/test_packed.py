@@ -473,3 +473,35 @@ def test_the_environment_variable_is_read_by_apply(monkeypatch, model):
         assert hfpatch.status()[model.config.model_type].packed.startswith("no")
     finally:
         hfpatch.apply(packed=True)
+
+
+@pytest.mark.parametrize("arch", ["mamba", "lfm2"])
+def test_models_hfpatch_does_not_fix_warn_of_packed_rows(arch, fresh_warnings):
+    """Recurrent, convolution and linear-attention layers (Mamba, LFM2, the hybrids) carry their state from
+    one packed sequence into the next: hfpatch does not patch them, but a packed call warns, once, and
+    runs as stock, bit for bit; a padded batch whose positions never restart says nothing."""
+    try:
+        __import__("transformers").AutoConfig.for_model(arch)
+    except ValueError:
+        pytest.skip(f"no {arch} in transformers {TF}")
+    model = tiny(arch, "eager")
+    entry = hfpatch.status()[arch]
+    assert entry.state == "not fixable by positions" and entry.packed.endswith("(a packed call warns)"), entry
+    kwargs, _ = pack([list(SEQUENCES)], mask=False)
+    kwargs["use_cache"] = False  # (some tiny hybrids cannot make their own cache for a plain call)
+    try:
+        with stock(), torch.no_grad():
+            model(**kwargs)
+    except (TypeError, ValueError) as exc:  # positions no release of it takes: no packed row reaches it
+        pytest.skip(f"{type(model).__name__} takes no packed row in transformers {TF}: {str(exc)[:100]}")
+    with pytest.warns(RuntimeWarning, match=f"packed row of {arch} .* carry their state"), torch.no_grad():
+        assert same_as_stock(lambda: [model(**kwargs).logits]) == "ok"
+    padded = {"input_ids": torch.tensor([[0, 0, 5, 6, 7], [8, 9, 10, 11, 12]]),
+              "attention_mask": torch.tensor([[0, 0, 1, 1, 1], [1] * 5]),
+              "position_ids": torch.tensor([[1, 1, 0, 1, 2], [0, 1, 2, 3, 4]]),
+              "use_cache": False}  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with torch.no_grad():
+            model(**kwargs)  # said once
+            model(**padded)

@@ -20,6 +20,7 @@ from probes import Probe, both_sides, exact_where_run
 
 import hfpatch
 from compat.vocabulary import OUTSIDE
+from hfpatch import engine
 from hfpatch.verification.tiny import PAD, tiny_multimodal, tiny_seq2seq
 
 from conftest import REGISTRY, TF, require_covered, stock
@@ -254,7 +255,7 @@ def test_text_only_packed_rows_of_the_qwen_vl_family(model_type):
     """Several text sequences packed in a row (no image), in each form the positions come in, with and
     without an all-ones mask: each sequence gets its own logits, and a packed training step (train mode,
     dropout off) its own loss and gradients; stock lets the sequences see each other."""
-    if model_type not in REGISTRY or not hfpatch.status()[model_type].support.startswith(("tested", "untested")):
+    if model_type not in REGISTRY or not engine.patchable(model_type):
         pytest.skip(f"{model_type} is not patched in transformers {TF}")
     model = _model(model_type, model_type, "sdpa")
     ids = torch.tensor([[t for seq in SEQUENCES for t in seq]])

@@ -2,44 +2,56 @@
 transformers 5.24.0 (docs/architectures.md): ``status()`` lists them, ``apply()``
 never touches them, ``verify()`` still probes them."""
 
+from typing import Optional
+
 from ..declarations import NOT_COVERED, NOT_FIXABLE, Undeclared
 
 RECURRENT = "a recurrent or convolution state absorbs pads: a hole in a cached prefix still advances it"
 HYBRID = f"attention layers are fixed by positions, but {RECURRENT}"
 ENCODER_AS_DECODER = "an encoder whose causal-LM head runs it as a decoder (is_decoder=True): not measured (BERT's is patched: bert)"
+# a packed row: these classes' forward only warns that it is not kept (Undeclared.watched)
+CARRIES = "no: its recurrent, convolution or linear-attention layers carry their state from one packed sequence into the next"
+
+
+def _carries(arch: str, cls: str, reason: str, package: Optional[str] = None) -> Undeclared:
+    """A model whose recurrent (or convolution, linear-attention) state no mask keeps apart: a packed call
+    of its base model class ``cls`` warns."""
+    return Undeclared(arch, NOT_FIXABLE, reason, watched=cls, packed=CARRIES, package=package)
+
+
 CACHE_COLUMNS = (
     "position_ids have no effect: a relative bias counts cache columns, and short convolutions see pads"
 )
 
 # fmt: off
 UNDECLARED = (
-    Undeclared("mamba", NOT_FIXABLE, f"SSM: {RECURRENT}"),
-    Undeclared("mamba2", NOT_FIXABLE, f"SSM: {RECURRENT}"),
-    Undeclared("falcon_mamba", NOT_FIXABLE, f"SSM: {RECURRENT}"),
-    Undeclared("rwkv", NOT_FIXABLE, f"RWKV token shift and state: {RECURRENT}"),
-    Undeclared("xlstm", NOT_FIXABLE, f"mLSTM: {RECURRENT}"),
-    Undeclared("bailing_hybrid", NOT_FIXABLE, f"linear attention: {HYBRID}"),
-    Undeclared("bamba", NOT_FIXABLE, f"Mamba2: {HYBRID}; its cached step is off even unpadded"),
-    Undeclared("falcon_h1", NOT_FIXABLE, f"parallel Mamba2: {HYBRID}"),
-    Undeclared("granitemoehybrid", NOT_FIXABLE, f"Mamba: {HYBRID}"),
-    Undeclared("jamba", NOT_FIXABLE, f"Mamba: {HYBRID}"),
-    Undeclared("kimi_linear", NOT_FIXABLE, f"KDA linear attention: {HYBRID}"),
-    Undeclared("lara_mini", NOT_FIXABLE, f"linear attention: {HYBRID}"),
-    Undeclared("lfm2", NOT_FIXABLE, f"short convolutions: {HYBRID}"),
-    Undeclared("lfm2_moe", NOT_FIXABLE, f"short convolutions: {HYBRID}"),
-    Undeclared("lfm3", NOT_FIXABLE, f"short convolutions: {HYBRID}"),
-    Undeclared("nemotron_h", NOT_FIXABLE, f"Mamba2: {HYBRID}"),
-    Undeclared("olmo_hybrid", NOT_FIXABLE, f"Gated DeltaNet: {HYBRID}"),
-    Undeclared("qwen3_5", NOT_FIXABLE, f"Gated DeltaNet: {HYBRID}"),
-    Undeclared("qwen3_5_text", NOT_FIXABLE, f"Gated DeltaNet: {HYBRID}"),
-    Undeclared("qwen3_5_moe", NOT_FIXABLE, f"Gated DeltaNet: {HYBRID}"),
-    Undeclared("qwen3_5_moe_text", NOT_FIXABLE, f"Gated DeltaNet: {HYBRID}"),
-    Undeclared("qwen3_next", NOT_FIXABLE, f"Gated DeltaNet: {HYBRID}"),
-    Undeclared("qwen4_exp", NOT_FIXABLE, f"Gated DeltaNet: {HYBRID}"),
-    Undeclared("qwen4_exp_text", NOT_FIXABLE, f"Gated DeltaNet: {HYBRID}"),
-    Undeclared("zamba", NOT_FIXABLE, f"Mamba: {HYBRID}"),
-    Undeclared("zamba2", NOT_FIXABLE, f"Mamba2: {HYBRID}"),
-    Undeclared("zaya", NOT_FIXABLE, f"convolutional (CCA) attention: {RECURRENT}"),
+    _carries("mamba", "MambaModel", f"SSM: {RECURRENT}"),
+    _carries("mamba2", "Mamba2Model", f"SSM: {RECURRENT}"),
+    _carries("falcon_mamba", "FalconMambaModel", f"SSM: {RECURRENT}"),
+    _carries("rwkv", "RwkvModel", f"RWKV token shift and state: {RECURRENT}"),
+    _carries("xlstm", "xLSTMModel", f"mLSTM: {RECURRENT}"),
+    _carries("bailing_hybrid", "BailingHybridModel", f"linear attention: {HYBRID}"),
+    _carries("bamba", "BambaModel", f"Mamba2: {HYBRID}; its cached step is off even unpadded"),
+    _carries("falcon_h1", "FalconH1Model", f"parallel Mamba2: {HYBRID}"),
+    _carries("granitemoehybrid", "GraniteMoeHybridModel", f"Mamba: {HYBRID}"),
+    _carries("jamba", "JambaModel", f"Mamba: {HYBRID}"),
+    _carries("kimi_linear", "KimiLinearModel", f"KDA linear attention: {HYBRID}"),
+    _carries("lara_mini", "LaraMiniModel", f"linear attention: {HYBRID}"),
+    _carries("lfm2", "Lfm2Model", f"short convolutions: {HYBRID}"),
+    _carries("lfm2_moe", "Lfm2MoeModel", f"short convolutions: {HYBRID}"),
+    _carries("lfm3", "Lfm3Model", f"short convolutions: {HYBRID}"),
+    _carries("nemotron_h", "NemotronHModel", f"Mamba2: {HYBRID}"),
+    _carries("olmo_hybrid", "OlmoHybridModel", f"Gated DeltaNet: {HYBRID}"),
+    _carries("qwen3_5", "Qwen3_5Model", f"Gated DeltaNet: {HYBRID}"),
+    _carries("qwen3_5_text", "Qwen3_5TextModel", f"Gated DeltaNet: {HYBRID}", package="qwen3_5"),
+    _carries("qwen3_5_moe", "Qwen3_5MoeModel", f"Gated DeltaNet: {HYBRID}"),
+    _carries("qwen3_5_moe_text", "Qwen3_5MoeTextModel", f"Gated DeltaNet: {HYBRID}", package="qwen3_5_moe"),
+    _carries("qwen3_next", "Qwen3NextModel", f"Gated DeltaNet: {HYBRID}"),
+    _carries("qwen4_exp", "Qwen4ExpModel", f"Gated DeltaNet: {HYBRID}"),
+    _carries("qwen4_exp_text", "Qwen4ExpTextModel", f"Gated DeltaNet: {HYBRID}", package="qwen4_exp"),
+    _carries("zamba", "ZambaModel", f"Mamba: {HYBRID}"),
+    _carries("zamba2", "Zamba2Model", f"Mamba2: {HYBRID}"),
+    _carries("zaya", "ZayaModel", f"convolutional (CCA) attention: {RECURRENT}"),
     Undeclared("inkling_text", NOT_FIXABLE, CACHE_COLUMNS),
     Undeclared("inkling2_text", NOT_FIXABLE, CACHE_COLUMNS),
     Undeclared("inkling2_loop_text", NOT_FIXABLE, CACHE_COLUMNS),
@@ -60,6 +72,12 @@ UNDECLARED = (
         "xmod",
     )),
     Undeclared("trocr", NOT_COVERED, "TrOCR's text decoder (of a vision encoder-decoder model): not measured"),
+    # mapped by older releases only (removed in 5.0 unless said)
+    Undeclared("qdqbert", NOT_COVERED, f"{ENCODER_AS_DECODER}; mapped up to 4.57"),
+    Undeclared("mega", NOT_COVERED, "MEGA's moving-average gated attention (a state across tokens): not measured; mapped up to 4.57"),
+    Undeclared("open-llama", NOT_COVERED, "its own copy of an early Llama: not measured; mapped up to 4.57"),
+    Undeclared("transfo-xl", NOT_COVERED, "Transformer-XL: relative positions over its memory (mems), no attention mask: not measured; mapped up to 4.57"),
+    Undeclared("code_llama", NOT_COVERED, "no model is of this type (Code Llama checkpoints are llama, patched by the 'llama' adapter): an entry of the causal-LM mapping up to 5.5"),
     Undeclared("xlm", NOT_COVERED, "XLM's causal mode (a masked LM's, with language embeddings): not measured"),
     Undeclared("xlnet", NOT_COVERED, "XLNet: a permutation LM whose positions are relative to its memory (mems): not measured"),
 )

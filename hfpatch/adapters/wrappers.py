@@ -127,6 +127,7 @@ UNDECLARED = (
     _unmeasured("voxtral_realtime", "needs encoder inputs the probe did not build"),
     _unmeasured("kyutai_speech_to_text", "its tiny model fails a plain call"),
     _unmeasured("gptsan-japanese", "removed in 5.0"),
+    Undeclared("speech_to_text_2", NOT_COVERED, "Speech2Text2's decoder (of a speech encoder-decoder model): not measured; mapped up to 4.57"),
     Undeclared("nllb", NOT_COVERED, "no model is of this type (NLLB checkpoints are m2m_100, patched by the 'm2m_100' adapter): an entry of the seq2seq mapping of 4.21-4.25 only"),
     # image-text-to-text: measured on 5.24.0 (hfpatch verify TYPE)
     _through("llava", "llama", "LlamaModel", WITH_IMAGE),
@@ -152,9 +153,9 @@ UNDECLARED = (
     _unmeasured("qwen2_5_omni_thinker", "a cached call fails with its tiny config"),
     _unmeasured("perception_lm", "its vision tower needs timm and PIL; its default language model is patched by the 'llama' adapter"),
     _unmeasured("fast_vlm", "its vision tower needs timm and PIL; its default language model is patched by the 'qwen2' adapter"),
-    _unmeasured("blip-2", "needs image inputs; its default language model, OPT, is right on stock"),
-    _unmeasured("instructblip", "needs image inputs; its default language model, OPT, is right on stock"),
-    _unmeasured("instructblipvideo", "needs video inputs; its default language model, OPT, is right on stock"),
+    _unmeasured("blip-2", "needs image inputs; its default language model, OPT, is right on stock with padding (its packed rows: the 'opt' adapter)"),
+    _unmeasured("instructblip", "needs image inputs; its default language model, OPT, is right on stock with padding (its packed rows: the 'opt' adapter)"),
+    _unmeasured("instructblipvideo", "needs video inputs; its default language model, OPT, is right on stock with padding (its packed rows: the 'opt' adapter)"),
     _unmeasured("kosmos-2", "needs image inputs"),
     _unmeasured("apertus1p5", "its tiny model is too big to build; its text model is patched by the 'apertus1p5_text' adapter"),
     # image-text-to-text: not measured
