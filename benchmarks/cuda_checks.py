@@ -2,7 +2,7 @@
 
     python benchmarks/cuda_checks.py            # all
     python benchmarks/cuda_checks.py seq2seq    # only 3.
-    python benchmarks/cuda_checks.py packed     # only 4.
+    python benchmarks/cuda_checks.py attention  # only 4.
 
 1. CUDA graphs: greedy decoding with a StaticCache and implicit positions (hfpatch derives them from
    the mask) under ``torch.compile(mode="reduce-overhead")`` gives the same tokens as eager.
@@ -16,11 +16,14 @@
    continued by one token equals each row alone (fp32, TF32 off), and the decode step makes as many
    device syncs with hfpatch as on stock (counted under ``set_sync_debug_mode("warn")``: the model's
    own syncs count on both sides).
-4. Packed rows on the GPU: a row packing three sequences (positions restarting), with no mask and with
-   an all-ones mask, SDPA (hfpatch's mask by sequence, one sequence at a time) and FlashAttention-2 where
-   ``flash_attn`` is installed (transformers' own varlen path from the positions): each sequence within
-   the tolerance of itself alone (fp32 for SDPA, bf16's for FlashAttention-2), or, where hfpatch says it
-   does not keep them (FlashAttention-2 with a mask), its warning given. Prints what it measured.
+4. The attention paths on the GPU: SDPA on CUDA and the real FlashAttention-2 (where ``flash_attn`` is
+   installed; transformers' unpadding, varlen and packed code), with Llama and GPT-2: left padding in one
+   call, a right-padded cached prefix continued by 1 and by 3 tokens, a row packing three sequences with
+   no mask, with an all-ones mask and given by its lengths (the collator's flash kwargs); Mistral with a
+   window of 4 past a right-padded cached prefix. Each real token against its sequence alone (fp32 for
+   SDPA, bf16's tolerance for FlashAttention-2), or, where hfpatch says it does not keep a packed row, its
+   warning given. tests/test_flash.py runs the same integration on the CPU with kernels written in torch.
+   Prints what it measured.
 """
 
 from __future__ import annotations
@@ -193,43 +196,117 @@ def seq2seq_step(arch: str) -> bool:
     return diff <= TOLERANCE and patched_syncs <= stock_syncs
 
 
-def packed(attention: str) -> bool:
-    """Check 4 for one attention: each packed sequence against itself alone (or the warning hfpatch gives
-    where it does not keep them)."""
-    dtype = torch.bfloat16 if attention.startswith("flash") else torch.float32
-    try:
-        model = tiny_model("llama", attention=attention).to("cuda", dtype)
-    except (ImportError, ValueError) as exc:
-        print(f"packed rows, {attention}: not run ({str(exc)[:120]})")
-        return True
-    sequences = ([5, 6, 7, 8, 9, 10], [11, 12, 13], [14, 15, 16, 17, 18])
-    ids = torch.tensor([sum(sequences, [])], device="cuda")
-    positions = torch.tensor([[i for seq in sequences for i in range(len(seq))]], device="cuda")
-    bound = TOLERANCE if dtype == torch.float32 else 3e-2
-    ok = True
-    for label, mask in (("no mask", None), ("an all-ones mask", torch.ones_like(ids))):
-        with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            got = model(input_ids=ids, position_ids=positions, attention_mask=mask).logits[0].float()
-            alone = torch.cat(
-                [model(input_ids=torch.tensor([s], device="cuda")).logits[0] for s in sequences]
+def _run(model, rows: list[list[int]], chunks, left, device: str = "cuda") -> list[torch.Tensor]:
+    """``rows`` as one padded batch split into KV-cached calls (``chunks``: tokens per row per call,
+    ``left``: padded on the left); each row's real-token logits."""
+    name, cache = cache_name(model), None
+    taken, mask, pieces = [0] * len(rows), torch.zeros(len(rows), 0, dtype=torch.long), [[] for _ in rows]
+    for counts, lefts in zip(chunks, left):
+        width = max(counts)
+        ids = torch.full((len(rows), width), PAD)
+        real = torch.zeros(len(rows), width, dtype=torch.long)
+        starts = [width - n if on_left else 0 for n, on_left in zip(counts, lefts)]
+        for r, (n, start) in enumerate(zip(counts, starts)):
+            ids[r, start : start + n] = torch.tensor(rows[r][taken[r] : taken[r] + n])
+            real[r, start : start + n] = 1
+            taken[r] += n
+        mask = torch.cat([mask, real], 1)
+        with torch.no_grad():
+            out = model(
+                input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=True, **{name: cache}
             )
-        diff = (got - alone.float()).abs().max().item()
-        said = any("not kept to its sequences" in str(w.message) for w in caught)
-        passed = (
-            diff <= bound * max(1.0, alone.abs().max().item()) if dtype != torch.float32 else diff <= bound
+        cache = output_cache(out)
+        for r, (n, start) in enumerate(zip(counts, starts)):
+            pieces[r].append(out.logits[r, start : start + n].float())
+    return [torch.cat(p) for p in pieces]
+
+
+def _alone(model, row: list[int], device: str = "cuda") -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([row], device=device)).logits[0].float()
+
+
+SEQUENCES = ([5, 6, 7, 8, 9, 10], [11, 12, 13], [14, 15, 16, 17, 18])
+# (name, (chunks, left)) of two rows: padding in one call, a right-padded cached prefix continued
+PADDED = (
+    ("left padding, one call", (((3, 5),), ((True, False),))),
+    ("right-padded prefix + 1 token", (((3, 5), (1, 1)), ((False, False), (False, False)))),
+    ("right-padded prefix + 3 tokens", (((2, 5), (3, 3)), ((False, False), (False, False)))),
+)
+
+
+def attention_paths(attention: str) -> bool:
+    """Check 4 for one attention: padded, cached and packed calls, and a window past a padded cached
+    prefix, each real token against its sequence run alone through the same attention (fp32 for SDPA;
+    bf16 for FlashAttention-2, within 3 % of the largest |logit|)."""
+    flash = attention.startswith("flash")
+    dtype = torch.bfloat16 if flash else torch.float32
+    ok = True
+
+    def report(arch: str, label: str, got: list, want: list, warned: bool = False) -> None:
+        nonlocal ok
+        diff = max((g - w).abs().max().item() for g, w in zip(got, want))
+        scale = max(w.abs().max().item() for w in want)
+        bound = TOLERANCE if not flash else 3e-2 * max(1.0, scale)
+        passed = diff <= bound or warned
+        ok &= passed
+        said = " (hfpatch: not kept, warned)" if warned else ""
+        print(f"{attention}, {arch}, {label}: max|diff| {diff:.2g}{said} {'ok' if passed else 'WRONG'}")
+
+    import transformers
+
+    from hfpatch.verification.tiny import tiny_config
+
+    for arch in ("llama", "gpt2", "mistral"):
+        try:
+            if arch == "mistral":  # a window of 4, by position over the unpadded keys
+                config = tiny_config("mistral", {"sliding_window": 4})
+                config._attn_implementation = attention
+                torch.manual_seed(0)
+                model = transformers.AutoModelForCausalLM.from_config(config).to("cuda", dtype).eval()
+            else:
+                model = tiny_model(arch, attention=attention).to("cuda", dtype)
+        except (ImportError, ValueError) as exc:
+            print(f"{attention}, {arch}: not run ({str(exc)[:120]})")
+            continue
+        if arch == "mistral":
+            rows = [list(range(5, 10)), list(range(10, 19))]
+            chunks, left = ((3, 8), (2, 1)), ((False, False), (False, False))
+            report(arch, "a window of 4 past a right-padded prefix", _run(model, rows, chunks, left),
+                   [_alone(model, row) for row in rows])  # fmt: skip
+            continue
+        for label, (chunks, left) in PADDED:
+            rows = [list(range(20, 20 + sum(c[r] for c in chunks))) for r in range(2)]
+            report(arch, label, _run(model, rows, chunks, left), [_alone(model, row) for row in rows])
+        ids = torch.tensor([sum(SEQUENCES, [])], device="cuda")
+        positions = torch.tensor([[i for seq in SEQUENCES for i in range(len(seq))]], device="cuda")
+        want = [_alone(model, seq) for seq in SEQUENCES]
+        spans = [sum(len(s) for s in SEQUENCES[:i]) for i in range(len(SEQUENCES))]
+        collator = transformers.DataCollatorWithFlattening(
+            return_position_ids=False, return_flash_attn_kwargs=True
         )
-        print(
-            f"packed rows, {attention}, {label}: max|diff| {diff:.2g}"
-            + (" (hfpatch: not kept, warned)" if said else "")
-        )
-        ok &= passed or said
+        batch = collator([{"input_ids": s} for s in SEQUENCES])  # (max_length_*: ints)
+        by_lengths = {k: v.to("cuda") if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+        by_lengths.pop("labels")
+        packed = (
+            ("packed, no mask", {"input_ids": ids, "position_ids": positions}),
+            ("packed, an all-ones mask", {"input_ids": ids, "position_ids": positions,
+                                          "attention_mask": torch.ones_like(ids)}),
+            ("packed, by its lengths (the collator's flash kwargs)", by_lengths),
+        )  # fmt: skip
+        for label, kwargs in packed:
+            with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                logits = model(**kwargs).logits[0].float()
+            warned = any("not kept to its sequences" in str(w.message) for w in caught)
+            got = [logits[start : start + len(seq)] for start, seq in zip(spans, SEQUENCES)]
+            report(arch, label, got, want, warned)
     return ok
 
 
 def main(argv: list[str]) -> int:
-    if argv not in ([], ["seq2seq"], ["packed"]):
-        print("usage: python benchmarks/cuda_checks.py [seq2seq | packed]")
+    if argv not in ([], ["seq2seq"], ["attention"]):
+        print("usage: python benchmarks/cuda_checks.py [seq2seq | attention]")
         return 2
     if not torch.cuda.is_available():
         print("no CUDA device: these checks need a GPU")
@@ -241,8 +318,8 @@ def main(argv: list[str]) -> int:
     )
     hfpatch.apply()
     ok = True
-    if argv in ([], ["packed"]):
-        ok &= packed("sdpa") & packed("flash_attention_2")
+    if argv in ([], ["attention"]):
+        ok &= attention_paths("sdpa") & attention_paths("flash_attention_2")
         if argv:
             return 0 if ok else 1
     decoder_only = (
