@@ -234,6 +234,8 @@ def _judge(seen: Any, facts: _Facts, numbering: Any = None) -> Any:
         packed = _judge_packed(seen, facts, tokens)
         if packed is not None:
             return packed
+    if seen.adapter.family.from_mask:  # its own positions from the mask: right on stock with padding
+        return [0, 0, 0]
     mask = kwargs.get("attention_mask")
     if mask is None:  # no padding: stock's positions are the reference's, or the caller's own
         if given is None or tokens is None:

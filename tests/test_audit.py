@@ -225,6 +225,29 @@ def test_in_process_audit_counts_patched_calls_and_says_what_it_cannot_judge():
     assert text.startswith("hfpatch audit:") and "gpt2" in text
 
 
+def test_a_model_that_takes_its_positions_from_the_mask():
+    """OPT (right on stock with padding: positions from the mask's cumsum): a left-padded call is not
+    counted wrong; a packed call is, at each token of a sequence after the row's first (the truth: each
+    sequence alone)."""
+    from hfpatch.verification.tiny import tiny_model
+
+    if "opt" not in hfpatch.registry() or not hfpatch.status()["opt"].support == "tested":
+        pytest.skip(f"OPT's packed rows are patched from 4.46 (installed {TF})")
+    model = tiny_model("opt")
+    left = {"input_ids": torch.tensor([[0, 0, 5, 6, 7], [8, 9, 10, 11, 12]]),
+            "attention_mask": torch.tensor([[0, 0, 1, 1, 1], [1] * 5])}  # fmt: skip
+    ids, positions = torch.tensor([[5, 6, 7, 8, 9, 10]]), torch.tensor([[0, 1, 2, 0, 1, 2]])
+    with hfpatch.unpatched(), torch.no_grad():
+        packed = model(input_ids=ids, position_ids=positions).logits
+        truth = wrong_packed_tokens(model, ids, positions, torch.ones_like(ids), packed)
+    with hfpatch.audit() as report, torch.no_grad():
+        model(**left)
+        model(input_ids=ids, position_ids=positions)
+    counted = report.as_dict()["opt"]
+    assert counted["calls"] == 2 and counted["affected"] == 1 and counted["packed"] == 1, counted
+    assert counted["tokens"] == int(truth.sum()) == 3, counted
+
+
 def test_audit_lists_a_model_type_it_cannot_judge():
     """A model of a type hfpatch does not patch (Mamba: no positions at all) is listed with why."""
     _need("gpt2")
