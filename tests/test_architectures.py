@@ -89,11 +89,12 @@ def test_verify_covered_architecture(name, model_type, attention, probe):
         assert result.stock_wrong, f"stock transformers is right: the declaration is stale\n{result}"
 
 
-# decoder-only model types (no seq2seq decoder takes packed rows)
+# decoder-only model types (no seq2seq decoder takes packed rows; BLOOM hands the mask to its ALiBi)
 PACKED_PARAMS = [
     param
     for param, (name, _) in zip(PARAMS, COVERED)
-    if not REGISTRY[name].family.seq2seq and REGISTRY[name].family.hands_to is None
+    if not REGISTRY[name].family.seq2seq
+    and (REGISTRY[name].family.hands_to is None or REGISTRY[name].family.from_mask)
 ]
 
 
