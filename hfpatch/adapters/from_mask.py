@@ -3,7 +3,9 @@ mask's cumsum, or by the caller's positions) and BLOOM (ALiBi built from the mas
 padded cached prefixes are right on stock, so hfpatch derives nothing for them; a row that packs several
 sequences (positions restarting) lets each see the ones before it on stock, and a mask by sequence keeps it
 to its own (BLOOM's ALiBi then reads the 2-D mask it was built from: ``hands_to="alibi"``). Each from the
-first release whose mask code takes a 4-D mask (and, for OPT, whose decoder takes positions)."""
+first release where the class is the one patched (OPT's decoder takes positions from 4.46); their packed
+rows are kept where their mask code takes a 4-D mask (BLOOM 4.44+, OPT 4.49+; before, declared and
+warned, as for any model)."""
 
 from ..declarations import ALIBI, Adapter, Family
 
@@ -17,7 +19,7 @@ OWN_ALIBI = Family(
 
 # fmt: off
 ADAPTERS = (
-    Adapter("bloom", "BloomModel", OWN_ALIBI, "4.44", receiver="BloomModel"),
+    Adapter("bloom", "BloomModel", OWN_ALIBI, "4.28", receiver="BloomModel"),
     Adapter("opt", "OPTDecoder", OWN_TABLE, "4.46"),
 )
 # fmt: on
