@@ -894,6 +894,99 @@ def packed_training_step(sequences: int, repeats: int = 15) -> list[str]:
     return out
 
 
+def skewed_lengths(real_share: float, rows: int = 16, longest: int = 256, shortest: int = 16) -> list[int]:
+    """``rows`` lengths from ``shortest`` to ``longest`` (one of them), their real tokens about
+    ``real_share`` of ``rows x longest`` slots: ``shortest + (longest - shortest) * (i / (rows - 1)) ** k``,
+    ``k`` found by bisection (a larger ``k``: more short rows)."""
+    low, high = 0.01, 100.0
+    for _ in range(60):
+        k = (low * high) ** 0.5
+        lengths = [longest] + [
+            round(shortest + (longest - shortest) * (i / (rows - 1)) ** k) for i in range(rows - 1)
+        ]
+        low, high = (k, high) if sum(lengths) / (rows * longest) > real_share else (low, k)
+    return lengths
+
+
+def _saved_bytes(run: Callable[[], Any]) -> int:
+    """The bytes of the tensors autograd saves for the backward pass of ``run()`` (the activations: what
+    a training step's peak memory grows with), each storage counted once."""
+    seen: dict[int, int] = {}
+
+    def keep(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        seen[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor):
+        run()
+    return sum(seen.values())
+
+
+def unpadded_batches(repeats: int = 15) -> list[str]:
+    """A right-padded batch of 16 sequences (Llama 4 x 256, SDPA, vocab 1000), its real tokens a given share
+    of the slots: the training step (forward, loss, backward) and the no-grad scoring call with
+    ``apply(unpad=True)`` vs without, interleaved; an A/A row; each side's loss; the activations saved
+    for the backward pass (the training step's memory)."""
+    model = tiny_model("llama", sizes=SMALL, attention="sdpa")
+    out = []
+    for share in (0.27, 0.5, 0.95, 1.0):
+        out += _unpadded_rows(
+            model, skewed_lengths(share) if share < 1 else [256] * 16, repeats, share == 0.27
+        )
+    hfpatch.apply(unpad=False)
+    return out
+
+
+def _unpadded_rows(model: Any, lengths: list[int], repeats: int, control: bool) -> list[str]:
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.zeros(len(lengths), max(lengths), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for r, n in enumerate(lengths):
+        ids[r, :n], mask[r, :n] = torch.randint(1, 1000, (n,), generator=generator), 1
+    labels = ids.masked_fill(mask == 0, -100)
+    losses: dict[bool, float] = {}
+
+    def train(unpad: bool) -> Callable[[], Any]:
+        def run() -> Any:
+            hfpatch.apply(unpad=unpad)
+            model.train()
+            model.zero_grad(set_to_none=True)
+            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+            loss.backward()
+            losses[unpad] = loss.item()
+
+        return run
+
+    def score(unpad: bool) -> Callable[[], Any]:
+        def run() -> Any:
+            hfpatch.apply(unpad=unpad)
+            model.eval()
+            with torch.no_grad():
+                return model(input_ids=ids, attention_mask=mask).logits
+
+        return run
+
+    memory = {unpad: _saved_bytes(train(unpad)) for unpad in (True, False)}
+    real = f"{sum(lengths)} of {ids.numel()} ({sum(lengths) / ids.numel():.0%})"
+    out = []
+    for label, a, b in (
+        ("training step", train(True), train(False)),
+        ("scoring call (no grad)", score(True), score(False)),
+    ):
+        ratio, ms_a, ms_b = median_ratio(b, a, repeats=repeats)  # padded / unpadded: the speed-up
+        training = label.startswith("training")
+        mib = f"{memory[True] / 2**20:.0f} / {memory[False] / 2**20:.0f}" if training else "-"
+        loss = f"{losses[True]:.6f} / {losses[False]:.6f}" if training else "-"
+        out.append(f"| {real} | {label} | {ms_b:.0f} | {ms_a:.0f} | **{ratio:.2f}x** | {loss} | {mib} |")
+    if control:
+        ratio, ms_a, ms_b = median_ratio(train(False), train(False), repeats=repeats)
+        out.append(
+            f"| {real} | A/A: padded vs padded (training) | {ms_a:.0f} | {ms_b:.0f} | {ratio:.2f} | - | - |"
+        )
+    return out
+
+
 def packed_mask_memory(length: int) -> list[str]:
     """The bytes of the mask by sequence hfpatch hands a packed row of ``length`` tokens, next to the mask
     transformers builds itself for the same row where it detects the packing (no mask, no cache), per
@@ -1114,6 +1207,21 @@ def sections() -> dict[str, tuple[list[str], Callable[[], list[str]]]]:
                 "|---|---|---|---|---|---|---|",
             ],
             lambda: packed_training_step(16),
+        ),
+        "## A padded batch at the cost of its real tokens: `apply(unpad=True)`": (
+            [
+                "Llama, 4 layers, hidden 256, vocab 1000, SDPA, one thread: 16 right-padded sequences up to 256",
+                "tokens (one of 256, the others shorter: `skewed_lengths`), their real tokens the share the first",
+                "column says. The training step (forward, loss, backward; no optimizer; dropout off) and the",
+                "no-grad scoring call (eval mode, its default cache returned) with `apply(unpad=True)` and",
+                "without, interleaved, median of 15; the ratio is padded / unpadded (the speed-up). A batch with",
+                "fewer than 15 % pads is left padded (`hfpatch.unpad.WORTH`). Loss: unpadded / padded. Memory:",
+                "the activations autograd saves for the backward pass, unpadded / padded (MiB).",
+                "",
+                "| real tokens | call | unpadded (ms) | padded (ms) | speed-up | loss | saved activations (MiB) |",
+                "|---|---|---|---|---|---|---|",
+            ],
+            lambda: unpadded_batches(),
         ),
         "## The mask by sequence of a packed row: memory": (
             [

@@ -7,7 +7,8 @@ that runs inside a call reads it from here.
   (:class:`SdpaSwitch`) for the duration of its original call.
 - :class:`Pin`: per adapter, whether ``apply()`` holds it process-wide (read by its patched forward).
 - :data:`PACKED`: process-wide, whether a row whose positions restart is kept to the sequences it packs
-  (``apply(packed=False)``, ``HFPATCH_PACKED=0``: left to stock).
+  (``apply(packed=False)``, ``HFPATCH_PACKED=0``: left to stock); :data:`UNPAD`, whether a padded call
+  runs on its real tokens (``apply(unpad=True)``, ``HFPATCH_UNPAD=1``: :mod:`hfpatch.unpad`).
 - ``CALL.watching``: inside a watched call (:mod:`hfpatch.observers`, which also holds the slow path
   while an observer is registered: :func:`hold_slow_path`).
 - :class:`CarryContext`: activation checkpointing recomputes a layer in the backward pass, after the
@@ -25,6 +26,9 @@ __all__ = [
     "CALL",
     "PACKED",
     "PACKED_VARIABLE",
+    "UNPAD",
+    "UNPADDED",
+    "UNPAD_VARIABLE",
     "CarryContext",
     "Pin",
     "SdpaSwitch",
@@ -34,6 +38,7 @@ __all__ = [
     "hold_slow_path",
     "patched_here",
     "read_packed",
+    "read_unpad",
     "release_slow_path",
 ]
 
@@ -46,6 +51,10 @@ class _Call(threading.local):
     pending: Any = None  # positions waiting for their position module (hfpatch.decoders.Pending)
     generated: Any = None  # (the 4-D mask generate() just made, the 2-D mask it made it from)
     handed: Any = None  # a packed row's positions a task head drops, for its base model (hfpatch.packed)
+    # hfpatch.unpad: False inside a task head whose labels a pad would predict (its base model is not
+    # unpadded); True inside the packed call an unpadded one makes
+    unpad: Optional[bool] = None
+    unpadding: bool = False
     watching: bool = False  # inside a watched call, or a watcher's own work: not watched again
 
 
@@ -111,14 +120,29 @@ PACKED = [True]  # packed rows kept to their sequences (apply(packed=...)); a li
 PACKED_VARIABLE = "HFPATCH_PACKED"  # 0: packed rows left to stock, as apply(packed=False), wherever applied
 
 
+UNPAD = [False]  # padded calls run on their real tokens (apply(unpad=True)); read at each call
+UNPAD_VARIABLE = "HFPATCH_UNPAD"  # 1: as apply(unpad=True), wherever applied
+# the calls hfpatch.unpad ran on their real tokens, and those it left padded, by reason (status())
+UNPADDED: dict[str, Any] = {"calls": 0, "padded": {}}
+
+
 def read_packed(environ: Any) -> Optional[bool]:
     """``HFPATCH_PACKED``: False (0, false, no, off), True (1, true, yes, on) or None (unset); anything
     else is a ``ValueError`` naming the variable."""
-    value = environ.get(PACKED_VARIABLE, "").strip().lower()
+    return _switch(environ, PACKED_VARIABLE)
+
+
+def read_unpad(environ: Any) -> Optional[bool]:
+    """``HFPATCH_UNPAD``, read as :func:`read_packed` reads its variable."""
+    return _switch(environ, UNPAD_VARIABLE)
+
+
+def _switch(environ: Any, name: str) -> Optional[bool]:
+    value = environ.get(name, "").strip().lower()
     if not value:
         return None
     if value not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
-        raise ValueError(f"{PACKED_VARIABLE}={environ[PACKED_VARIABLE]}: expected 0 or 1")
+        raise ValueError(f"{name}={environ[name]}: expected 0 or 1")
     return value in ("1", "true", "yes", "on")
 
 

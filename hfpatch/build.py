@@ -28,11 +28,12 @@ from . import caches
 from ._context import CarryContext, Pin, SdpaSwitch, Users
 from .declarations import Adapter
 from .decoders import HANDS_TO, receiver
-from .forward import make_forward, recording_generated_masks
-from .packed import by_sequence_sdpa, handing_on, heads_dropping, warning_of_packed_rows
+from .forward import make_forward, recording_generated_masks, unpads_here
+from .packed import by_sequence_sdpa, handing_on, task_heads, warning_of_packed_rows
 from .patches import ABSENT, Patch
 from .plans import read_plan
 from .rope import per_row_forward, rotary_classes
+from .unpad import causal_lm_head, gate
 
 __all__ = ["CHECKPOINT_FUNCTION", "build"]
 
@@ -50,14 +51,14 @@ def build(adapter: Adapter, module: Any, pin: Pin) -> tuple[Patch, ...]:
         raise TypeError(f"{adapter.target} not found in this transformers release")
     if getattr(original, "__hfpatch_adapter__", None) is not None:
         raise TypeError(f"{adapter.target} is already an hfpatch patch (two hfpatch copies imported?)")
+    heads = task_heads(module, owner)
     if adapter.family.watched:  # a class hfpatch does not fix: its packed calls only warn (and its heads'
         # where they drop the positions: Mamba's)
-        found = [(owner, original), *((head, forward) for head, forward, _ in heads_dropping(module, owner))]
+        found = [(owner, original), *((head.cls, head.forward) for head in heads if head.drops)]
         return tuple(
             Patch(cls, "forward", old, warning_of_packed_rows(adapter, old, pin)) for cls, old in found
         )
-    heads = heads_dropping(module, owner)
-    plan = read_plan(adapter, original, owner, handed=any(not takes for _, _, takes in heads))
+    plan = read_plan(adapter, original, owner, handed=any(h.drops and not h.takes_positions for h in heads))
     rows = [Patch(owner, "forward", original, make_forward(adapter, original, plan, pin))]
     for name in adapter.also:
         cls = getattr(module, name, None)
@@ -90,8 +91,13 @@ def build(adapter: Adapter, module: Any, pin: Pin) -> tuple[Patch, ...]:
     attention = by_sequence_sdpa()
     if attention is not None:
         rows.append(Patch(*attention))
-    for head, forward, takes_positions in heads:
-        rows.append(Patch(head, "forward", forward, handing_on(forward, pin, takes_positions)))
+    unpads = unpads_here(adapter, plan)
+    for head in heads:
+        replacement = handing_on(head.forward, pin, head.takes_positions) if head.drops else head.forward
+        if unpads and head.labels:  # apply(unpad=True): a causal LM's head unpadded, any head's labels read
+            replacement = gate(replacement, pin, plan.masks, plan.cache_kw, causal_lm_head(head.cls))
+        if replacement is not head.forward:
+            rows.append(Patch(head.cls, "forward", head.forward, replacement))
     if hands_to is not None and HANDS_TO[hands_to].inside_layers:
         for cls in _checkpointing_classes(module, owner):
             before = cls.__dict__.get(CHECKPOINT_FUNCTION, ABSENT)

@@ -31,6 +31,8 @@ __all__ = [
     "fill_level",
     "first_layer_keys",
     "keep_whole_window",
+    "lay_back",
+    "padded_states",
     "one_buffer_for_all_layers",
     "own",
     "past_length",
@@ -179,6 +181,34 @@ def keep_whole_window(cache: Any) -> bool:
             if requested > layer.max_cache_len:
                 layers[i] = cache_utils.StaticLayer(max_cache_len=requested)
     return True
+
+
+def padded_states(states: torch.Tensor, index: torch.Tensor, batch: int, length: int) -> torch.Tensor:
+    """One layer's keys or values of a packed row ``[1, heads, tokens, dim]`` (``index``: where each token
+    sits in the padded batch) as the batch's ``[batch, heads, length, dim]``, zeros at the pads."""
+    flat = states[0, :, : len(index)].transpose(0, 1)
+    out = flat.new_zeros(batch * length, *flat.shape[1:]).index_copy(0, index, flat)
+    return out.view(batch, length, *flat.shape[1:]).transpose(1, 2)
+
+
+def lay_back(cache: Any, index: torch.Tensor, batch: int, length: int) -> None:
+    """A growing cache filled by one packed row of a padded batch's real tokens (``index``: their flat
+    numbers over ``batch x length``; a packed row may hold one token more, after them) laid back into the
+    batch's rows, in place, zeros at the pads: a later call continues it with the padded 2-D mask. Its
+    layers' keys and values (4.54+), or its lists of them (4.36-4.53)."""
+
+    padded = functools.partial(padded_states, index=index, batch=batch, length=length)
+    layers = getattr(cache, "layers", None)
+    if layers is not None:
+        for layer in layers:
+            keys = getattr(layer, "keys", None)
+            if isinstance(keys, torch.Tensor) and keys.dim() == 4 and keys.shape[0] == 1:
+                layer.keys, layer.values = padded(keys), padded(layer.values)
+    elif isinstance(getattr(cache, "key_cache", None), list):
+        cache.key_cache[:] = [padded(k) if k.dim() == 4 else k for k in cache.key_cache]
+        cache.value_cache[:] = [padded(v) if v.dim() == 4 else v for v in cache.value_cache]
+    if isinstance(getattr(cache, "_seen_tokens", None), int):
+        cache._seen_tokens = length
 
 
 def _static_sliding_layer() -> Optional[type]:

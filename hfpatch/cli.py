@@ -63,6 +63,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "hfpatch") -> int:
     states = commands.add_parser("status", help="what hfpatch.apply() patches here, and why (a table)")
     states.add_argument("types", nargs="*", metavar="TYPE", help="these model types only, imported")
     launcher = commands.add_parser("run", help="run a command with hfpatch in every Python process")
+    launcher.add_argument("--unpad", action="store_true", help="padded calls run on their real tokens")
     launcher.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS")
     auditor = commands.add_parser("audit", help="run a command stock and count what stock got wrong")
     auditor.add_argument("--json", metavar="PATH", help="also write the counts there (model type -> counts)")
@@ -71,7 +72,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "hfpatch") -> int:
     if args.command == "doctor" or args.command is None:
         _quiet_transformers()
     if args.command == "run":
-        return run(args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd, prog)
+        return run(args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd, prog, unpad=args.unpad)
     if args.command == "audit":
         return audit(args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd, args.json, prog)
     if args.command == "architectures":
@@ -136,7 +137,72 @@ def doctor() -> int:
         result = check(models.get(arch) or tiny_model(arch))
         failed |= not result.ok
         print(f"{result}\n")
+    if status["llama"].state == engine.APPLIED and status["llama"].packed.startswith("yes"):
+        sizes = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2}
+        failed |= not _packed_and_unpadded(tiny_model("llama", attention="sdpa", sizes=sizes))
     return WRONG if failed else OK
+
+
+def _packed_and_unpadded(model: Any) -> bool:
+    """The doctor's last table: a row packing three sequences (positions restarting), and a skewed
+    right-padded batch run with ``apply(unpad=True)``, beside stock: each sequence against itself alone,
+    and the median time of a call."""
+    import time
+
+    import torch
+
+    lengths = [128, 8, 12, 20, 9, 40, 16, 10]  # a skewed batch: about a quarter of its slots are real tokens
+    generator = torch.Generator().manual_seed(0)
+    rows = [torch.randint(1, 90, (n,), generator=generator) for n in lengths]
+    ids, mask = torch.zeros(len(rows), max(lengths), dtype=torch.long), torch.zeros(len(rows), max(lengths))
+    for r, row in enumerate(rows):
+        ids[r, : len(row)], mask[r, : len(row)] = row, 1
+    positions = torch.cat([torch.arange(n) for n in lengths[1:4]])[None]
+    packed = {"input_ids": torch.cat(rows[1:4])[None], "position_ids": positions}
+    padded = {"input_ids": ids, "attention_mask": mask}
+    calls = (  # (label, the call, each sequence's (row, first column), which sequences, unpad on our side)
+        ("three sequences packed in a row", packed, [(0, sum(lengths[1:i])) for i in range(1, 4)],
+         range(1, 4), False),
+        (f"a padded batch ({int(mask.sum())} of {mask.numel()} real), unpad=True", padded,
+         [(r, 0) for r in range(len(rows))], range(len(rows)), True),
+    )  # fmt: skip
+    with torch.no_grad(), engine.unpatched():
+        alone = [model(input_ids=row[None]).logits[0] for row in rows]
+
+    def run(kwargs: dict, unpad: bool) -> tuple[Any, float]:
+        engine.apply(unpad=unpad)
+        try:
+            with torch.no_grad():
+                logits, times = None, []
+                for _ in range(5):
+                    start = time.perf_counter()
+                    logits = model(**kwargs).logits
+                    times.append(time.perf_counter() - start)
+        finally:
+            engine.apply(unpad=False)
+        return logits, sorted(times)[2] * 1e3
+
+    print(
+        "llama, SDPA: packed rows, and a padded batch run on its real tokens (each sequence vs itself alone)"
+    )
+    print(
+        f"  {'call':48} {'stock max|diff|':>16} {'hfpatch max|diff|':>18} {'stock ms':>9} {'hfpatch ms':>11}"
+    )
+    exact = True
+    for label, kwargs, spans, which, unpad in calls:
+        with engine.unpatched():
+            stock, stock_ms = run(kwargs, False)
+        ours, ours_ms = run(kwargs, unpad)
+        diffs = [
+            max(
+                (logits[r, s : s + lengths[i]] - alone[i]).abs().max().item()
+                for (r, s), i in zip(spans, which)
+            )
+            for logits in (stock, ours)
+        ]
+        exact &= diffs[1] <= 1e-5
+        print(f"  {label:48} {diffs[0]:16.2e} {diffs[1]:18.2e} {stock_ms:9.1f} {ours_ms:11.1f}")
+    return exact
 
 
 def status(types: Sequence[str], prog: str = "hfpatch") -> int:

@@ -33,7 +33,7 @@ from types import MappingProxyType
 from typing import Any, NamedTuple, Optional, Union
 
 from . import custom
-from ._context import CALL, PACKED, Pin, close_block, open_block, read_packed
+from ._context import CALL, PACKED, UNPAD, UNPADDED, Pin, close_block, open_block, read_packed, read_unpad
 from .adapters import ADAPTERS, UNDECLARED
 from .declarations import NOT_COVERED, Adapter, Undeclared
 from .observers import SHADOW_COUNTS
@@ -120,7 +120,7 @@ _seen: weakref.WeakSet[type] = weakref.WeakSet()  # subclasses of PreTrainedMode
 _ledger = Ledger()
 _warned: set[str] = set()  # warnings already given in this process
 _applied_by: list[str] = []  # how apply() was called in this process, when not by the program itself
-_environment_read: list[bool] = []  # HFPATCH_PACKED read (by the process's first apply())
+_environment_read: list[bool] = []  # HFPATCH_PACKED and HFPATCH_UNPAD read (by the first apply())
 
 
 class AdapterStatus(NamedTuple):
@@ -148,7 +148,7 @@ class Status(Mapping):
     :class:`AdapterStatus` (``status()["qwen2"].state``, ``"mamba" in status()``), plus the installed
     ``transformers`` release and how hfpatch was applied (``applied_by``). ``print()`` it for a table."""
 
-    __slots__ = ("transformers", "applied_by", "shadow", "_entries")  # not a dataclass: ~1 ms at import
+    __slots__ = ("transformers", "applied_by", "shadow", "unpadded", "_entries")  # not a dataclass: ~1 ms
 
     def __init__(
         self,
@@ -156,6 +156,7 @@ class Status(Mapping):
         entries: tuple[AdapterStatus, ...],
         applied_by: str = "",
         shadow: Optional[Mapping[str, Any]] = None,
+        unpadded: Optional[Mapping[str, Any]] = None,
     ) -> None:
         self.transformers = transformers
         # this process's hfpatch.shadow checks: rows ``checked``, ``mismatches``, the ``worst`` |difference|,
@@ -163,6 +164,11 @@ class Status(Mapping):
         counts = dict(shadow or {"checked": 0, "mismatches": 0, "worst": 0.0, "skipped": {}})
         counts["skipped"] = MappingProxyType(dict(counts.get("skipped", {})))
         self.shadow = MappingProxyType(counts)
+        # apply(unpad=True): whether it is ``on``, the padded ``calls`` run on their real tokens, and those
+        # left padded, by reason (``padded``)
+        unpadded = dict(unpadded or {"on": False, "calls": 0, "padded": {}})
+        unpadded["padded"] = MappingProxyType(dict(unpadded.get("padded", {})))
+        self.unpadded = MappingProxyType(unpadded)
         # "import hfpatch.auto", the launcher, the Ray setup hook, "hfpatch.apply() in this program", or
         # "" where nothing applied hfpatch
         self.applied_by = applied_by
@@ -212,6 +218,12 @@ class Status(Mapping):
             lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)))
             if entry is not None and entry.reason:
                 lines += textwrap.wrap(entry.reason, 100, initial_indent="    ", subsequent_indent="    ")
+        if self.unpadded["on"] or self.unpadded["calls"]:
+            padded = sum(self.unpadded["padded"].values())
+            lines.append(
+                f"unpadded calls: {self.unpadded['calls']}"
+                + (f", {padded} left padded (status().unpadded['padded'] says why)" if padded else "")
+            )
         if self.shadow["checked"] or self.shadow["skipped"]:
             skipped = sum(self.shadow["skipped"].values())
             lines.append(
@@ -270,7 +282,13 @@ def patchable(arch: str) -> bool:
         return allowed and not state.class_differs and (state.checked is not False or state.forced)
 
 
-def apply(archs: Archs = None, *, ignore_ranges: bool = False, packed: Optional[bool] = None) -> Status:
+def apply(
+    archs: Archs = None,
+    *,
+    ignore_ranges: bool = False,
+    packed: Optional[bool] = None,
+    unpad: Optional[bool] = None,
+) -> Status:
     """Patch every registered adapter (or the named model types) whose release range admits the
     installed transformers. Idempotent and thread-safe; never raises because of the installed release.
     ``ignore_ranges=True`` patches them on this release whatever their declared range says (an
@@ -279,6 +297,9 @@ def apply(archs: Archs = None, *, ignore_ranges: bool = False, packed: Optional[
     restart (several sequences packed into one row) to stock for the whole process, for layouts where
     such positions mean something else; ``True`` keeps them to their sequences again (the default; None:
     as it was, or at the process's first ``apply()``, as ``HFPATCH_PACKED`` says where it is set).
+    ``unpad=True`` runs a padded call on its real tokens alone (:mod:`hfpatch.unpad`; a task head's
+    hooks and forward hooks on layers see one packed row), for the whole process; ``False``: padded, as
+    transformers runs it (the default; None: as it was, or ``HFPATCH_UNPAD`` at the first ``apply()``).
 
     >>> import hfpatch
     >>> hfpatch.apply()                # doctest: +SKIP
@@ -286,14 +307,19 @@ def apply(archs: Archs = None, *, ignore_ranges: bool = False, packed: Optional[
     """
     if packed is not None and not isinstance(packed, bool):
         raise TypeError(f"packed: expected True, False or None, got {packed!r}")
+    if unpad is not None and not isinstance(unpad, bool):
+        raise TypeError(f"unpad: expected True, False or None, got {unpad!r}")
     if not isinstance(ignore_ranges, bool):
         raise TypeError(f"ignore_ranges: expected True or False, got {ignore_ranges!r}")
     with _lock:
-        if packed is None and not _environment_read:
-            packed = read_packed(os.environ)  # a ValueError naming it, for a value it cannot read
+        if not _environment_read:  # a ValueError naming a variable, for a value it cannot read
+            packed = read_packed(os.environ) if packed is None else packed
+            unpad = read_unpad(os.environ) if unpad is None else unpad
         _environment_read.append(True)
         if packed is not None:
             PACKED[0] = packed
+        if unpad is not None:
+            UNPAD[0] = unpad
         if archs is None:
             _discover()
             _watch_new_classes()
@@ -490,7 +516,8 @@ def status() -> Status:
         ]
         pinned = any(state.pin.pinned for state in _states.values())
         how = "; ".join(_applied_by) or ("hfpatch.apply() in this program" if pinned else "")
-        return Status(str(version) if version else None, tuple(entries), how, SHADOW_COUNTS)
+        unpadded = {"on": UNPAD[0], **UNPADDED}
+        return Status(str(version) if version else None, tuple(entries), how, SHADOW_COUNTS, unpadded)
 
 
 def applied_by(how: str) -> None:

@@ -40,7 +40,7 @@ from torch import Tensor
 
 from . import caches
 from ._compat import CACHE_NAMES
-from ._context import CALL, PACKED, Pin, patched_here
+from ._context import CALL, PACKED, UNPAD, Pin, patched_here
 from .caches import CAPACITY
 from .declarations import Adapter
 from .decoders import call_with_positions
@@ -48,6 +48,7 @@ from .observers import WATCHERS, Seen, run_watched
 from .packed import packed_rows, positions_from_lengths, warn_not_kept
 from .plans import NO_SLOTS, SLOTS, SLOTS_REMOVED, Plan
 from .positions import cache_positions, has_holes, new_token_positions
+from .unpad import PADDED, has_padding, unpadding
 from .windows import MASK_FUNCTIONS, NO_4D_MASK, MaskPlan, apply_masks, configured_window, packed_not_kept
 
 __all__ = ["LeaveToStock", "make_forward", "recording_generated_masks", "warn_once", "watched"]
@@ -76,6 +77,7 @@ def make_forward(adapter: Adapter, original: Callable, plan: Plan, pin: Pin) -> 
     family = adapter.family if adapter.family.hands_to is not None else None  # its forward takes no positions
     from_mask = adapter.family.from_mask  # its own positions from the mask are right: packed rows only
     handed = plan.handed  # a task head of its module hands it positions through CALL.handed
+    unpads = unpads_here(adapter, plan)  # apply(unpad=True) may run its padded calls on their real tokens
     # explicit position_ids leave nothing to derive (4.38-5.3: unless a static cache's slots are missing)
     passes_explicit = plan.era != SLOTS
     other = next((name for name in CACHE_NAMES if name != cache_kw), None)  # the cache's other name
@@ -98,6 +100,10 @@ def make_forward(adapter: Adapter, original: Callable, plan: Plan, pin: Pin) -> 
                 return original(self, *args, **kwargs)
         if args:
             _bind_positional(adapter, plan, args, kwargs)
+        if UNPAD[0] and unpads and CALL.unpad is not False and not CALL.unpadding and has_padding(kwargs):
+            result = unpadding(functools.partial(forward, self), self, kwargs, masks, cache_kw)
+            if result is not PADDED:  # (hfpatch.unpad: the call on its real tokens, padded back)
+                return result
         given = kwargs.copy()  # what stock gets where hfpatch cannot derive from the call (LeaveToStock)
         try:
             cache = None
@@ -165,6 +171,15 @@ def warn_once(arch: str, why: str) -> None:
 
 
 _LEFT: set[tuple[str, str]] = set()
+
+
+def unpads_here(adapter: Adapter, plan: Plan) -> bool:
+    """Whether ``apply(unpad=True)`` may run a padded call of this class on its real tokens: a decoder-only
+    class whose packed rows the release can keep (its plan says; the attention is checked per call)."""
+    family = adapter.family
+    if family.seq2seq or family.multimodal or family.watched or (family.hands_to and not family.from_mask):
+        return False
+    return adapter.packed is None and plan.masks is not None and plan.masks.packed
 
 
 def packed_support(adapter: Adapter, plan: Plan) -> str:

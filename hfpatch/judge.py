@@ -15,6 +15,7 @@ from typing import Any, Optional
 import torch
 
 from ._compat import output_cache
+from ._context import CALL
 from .caches import capacity, first_layer_keys, past_length
 from .declarations import PADDED_TABLE, SINUSOID, TABLE
 from .observers import call_site, fingerprint, keys_fingerprint
@@ -225,6 +226,8 @@ def _judge(seen: Any, facts: _Facts, numbering: Any = None) -> Any:
     it is not judged. A call with the caller's positions is judged where they are the ones the mask
     gives (``generate()``'s). ``numbering``: how the columns of the cache it continues were numbered
     (:meth:`Watcher.numbering_of`)."""
+    if CALL.unpadding:  # the packed row of a padded call run on its real tokens: that call was not seen
+        return UNPADDED_CALL
     kwargs = seen.kwargs
     given = kwargs.get("position_ids")
     tokens = kwargs.get("input_ids")
@@ -289,6 +292,7 @@ def _judge(seen: Any, facts: _Facts, numbering: Any = None) -> Any:
 
 
 OWN_POSITIONS = "the caller's own positions (not the mask's)"
+UNPADDED_CALL = "run on its real tokens (apply(unpad=True))"
 UNKNOWN = object()  # how a cache's columns were numbered, where the audit cannot tell
 
 

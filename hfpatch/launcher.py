@@ -5,6 +5,7 @@ every process it starts (read by :mod:`hfpatch.auto`).
     HFPATCH_DISABLED=1          # do nothing (also: true, yes, on)
     HFPATCH_SHADOW=0.01         # also check that share of calls against their rows alone (hfpatch.shadow)
     HFPATCH_PACKED=0            # rows whose positions restart are left to stock (apply(packed=False))
+    HFPATCH_UNPAD=1             # padded calls run on their real tokens (apply(unpad=True); run --unpad)
 
 ``hfpatch audit -- CMD`` sets ``HFPATCH_AUDIT`` (a folder): its processes run stock and count what
 stock gets wrong (:mod:`hfpatch.auditing`), each writing its counts there at exit.
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import Optional
 
 from . import engine
-from ._context import PACKED_VARIABLE, read_packed
+from ._context import PACKED_VARIABLE, UNPAD_VARIABLE, read_packed, read_unpad
 
 __all__ = [
     "ARCHS_VARIABLE",
@@ -50,7 +51,8 @@ AUDIT_VARIABLE = "HFPATCH_AUDIT"  # set by `hfpatch audit`: the folder its proce
 RAY_HOOK_VARIABLE = "RAY_RUNTIME_ENV_HOOK"  # Ray's: a function that rewrites each ray.init()'s runtime_env
 RAY_RUNTIME_ENV_HOOK = "hfpatch.workers.ray_runtime_env"
 VARIABLES = (
-    ARCHS_VARIABLE, DISABLED_VARIABLE, SHADOW_VARIABLE, PACKED_VARIABLE, LAUNCHED_VARIABLE, AUDIT_VARIABLE
+    ARCHS_VARIABLE, DISABLED_VARIABLE, SHADOW_VARIABLE, PACKED_VARIABLE, UNPAD_VARIABLE, LAUNCHED_VARIABLE,
+    AUDIT_VARIABLE,
 )  # fmt: skip
 TRUE = ("1", "true", "yes", "on")
 FALSE = ("0", "false", "no", "off")
@@ -67,6 +69,7 @@ def read_environment(environ: Mapping[str, str]) -> Optional[list[str]]:
     if shadow and not _is_rate(shadow):
         raise ValueError(f"{SHADOW_VARIABLE}={shadow}: expected a share of calls from 0 to 1")
     read_packed(environ)
+    read_unpad(environ)
     names = [name.strip() for name in environ.get(ARCHS_VARIABLE, "").split(",") if name.strip()]
     if not names:
         return names
@@ -122,7 +125,7 @@ def apply_from_environment(how: Optional[str] = None) -> None:
         how = "import hfpatch.auto"
     if names:
         how += f", {ARCHS_VARIABLE}={','.join(names)}"
-    engine.apply(names or None, packed=read_packed(os.environ))
+    engine.apply(names or None, packed=read_packed(os.environ), unpad=read_unpad(os.environ))
     engine.applied_by(how)
     if rate:
         from .shadowing import shadow_this_process
@@ -130,15 +133,18 @@ def apply_from_environment(how: Optional[str] = None) -> None:
         shadow_this_process(float(rate))
 
 
-def run(command: Sequence[str], prog: str = "hfpatch") -> int:
-    """``hfpatch run -- CMD ARGS...``: run CMD with hfpatch applied at the start of every Python
-    process it starts (``python``, ``torchrun``, ``accelerate launch``, their workers), through a
+def run(command: Sequence[str], prog: str = "hfpatch", unpad: bool = False) -> int:
+    """``hfpatch run [--unpad] -- CMD ARGS...``: run CMD with hfpatch applied at the start of every
+    Python process it starts (``python``, ``torchrun``, ``accelerate launch``, their workers), through a
     ``sitecustomize`` put first on ``PYTHONPATH`` that chains to any existing one. The directory of
     a virtual environment's Python running hfpatch goes first on ``PATH`` (as activating it does), so
-    that ``python`` in CMD is one that has hfpatch. Replaces this process (``os.execvpe``)."""
+    that ``python`` in CMD is one that has hfpatch. ``--unpad``: ``HFPATCH_UNPAD=1`` in every process.
+    Replaces this process (``os.execvpe``)."""
     env = _environment(command, "run", prog)
     if isinstance(env, int):
         return env
+    if unpad:
+        env[UNPAD_VARIABLE] = "1"
     try:
         os.execvpe(command[0], list(command), env)
     except OSError as exc:

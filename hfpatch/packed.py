@@ -42,8 +42,9 @@ __all__ = [
     "Groups",
     "by_sequence_sdpa",
     "groups",
+    "Head",
     "handing_on",
-    "heads_dropping",
+    "task_heads",
     "packed_rows",
     "positions_from_lengths",
     "warn_not_kept",
@@ -101,11 +102,21 @@ def positions_from_lengths(kwargs: dict, tokens: Optional[Tensor]) -> None:
         kwargs["position_ids"] = positions_in_segments(segments_from_lengths(lengths, *tokens.shape[:2]))
 
 
-def heads_dropping(module: Any, owner: type) -> list[tuple[type, Callable, bool]]:
-    """The model classes of ``module`` besides ``owner`` (the task heads: ``GPT2LMHeadModel`` ...) whose
-    own ``forward`` takes ``**kwargs`` but hands them to no call of its base model: a packed row's lengths
-    (``cu_seq_lens_q``, ``seq_idx``) stop there, and its positions too where the head takes none of its
-    own (5.x's BLOOM heads). (class, its forward, whether it hands ``position_ids`` on) each."""
+class Head(NamedTuple):
+    """A task head of a patched module (``GPT2LMHeadModel`` ...): its class and own ``forward``, whether it
+    hands its ``**kwargs`` to no call of its base model (a packed row's lengths stop there), whether it
+    takes ``position_ids`` itself (or they stop there too: 5.x's BLOOM heads), and its ``labels``."""
+
+    cls: type
+    forward: Callable
+    drops: bool
+    takes_positions: bool
+    labels: bool
+
+
+def task_heads(module: Any, owner: type) -> list[Head]:
+    """The model classes of ``module`` besides ``owner`` whose own ``forward`` calls their base model
+    (``self.<base_model_prefix>(...)``), read from their code."""
     found = []
     for value in vars(module).values():
         forward = value.__dict__.get("forward") if isinstance(value, type) else None
@@ -127,21 +138,23 @@ def heads_dropping(module: Any, owner: type) -> list[tuple[type, Callable, bool]
             and isinstance(node.func.value, ast.Name)
             and node.func.value.id == "self"
         ]
+        if not calls:
+            continue
         hands_on = any(
             k.arg is None and isinstance(k.value, ast.Name) and k.value.id == var
             for call in calls
             for k in call.keywords
         )
-        if var is not None and calls and not hands_on:
-            found.append((value, forward, "position_ids" in params))
+        drops = var is not None and not hands_on
+        found.append(Head(value, forward, drops, "position_ids" in params, "labels" in params))
     return found
 
 
 def handing_on(original: Callable, pin: Pin, takes_positions: bool) -> Callable:
-    """A task head's ``forward`` (:func:`heads_dropping`) that keeps a packed row reaching its base model:
-    its lengths become positions (counting from 0 in each sequence) where the caller gives none, and
-    positions the head would drop go to the base model's patched forward through the call's context
-    (``CALL.handed``, taken by the first patched forward that runs inside)."""
+    """The ``forward`` of a task head that drops its kwargs (:func:`task_heads`), made to keep a packed row
+    reaching its base model: its lengths become positions (counting from 0 in each sequence) where the
+    caller gives none, and positions the head would drop go to the base model's patched forward through
+    the call's context (``CALL.handed``, taken by the first patched forward that runs inside)."""
 
     @functools.wraps(original)
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -295,7 +308,7 @@ def _by_sequence(
     for index, valid in grouped.parts:
         q, k, v = (t[index].transpose(1, 2) for t in flat)  # [sequences, heads, longest, dim]
         attended, _ = original(module, q, k, v, None, **kwargs)  # [sequences, longest, heads, dim]
-        out = out.index_copy(0, index[valid], attended[valid])
+        out.index_copy_(0, index[valid], attended[valid])  # (in place: a copy a group would cost T x dim)
     return out.reshape(batch, length, *out.shape[1:]), None
 
 

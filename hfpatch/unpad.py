@@ -1,0 +1,284 @@
+"""A padded call at the cost of its real tokens (``hfpatch.apply(unpad=True)``, ``HFPATCH_UNPAD=1``).
+
+A call whose 2-D mask pads some row, with nothing cached before it, runs on its real tokens alone: the
+rows' real tokens are gathered into one packed row (each row a sequence of its own, its positions the
+mask's, or the caller's at those tokens), which the packed path keeps to its sequences
+(:mod:`hfpatch.packed`: SDPA runs each on its own), and what comes back is put in the caller's layout:
+
+- a causal LM's task head (the class with ``labels`` and ``logits_to_keep``) is unpadded itself, so that
+  its LM head and loss run on the real tokens too: the caller's labels, shifted as the padded call would
+  shift them, are laid so that the head's own loss function pairs each real token's logits with the same
+  target (``num_items_in_batch`` and the rest go through unchanged); its logits, hidden states and cache
+  come back padded;
+- any other call of a patched base model (a sequence-classification head's, an embedding model's) is
+  unpadded at the base model: its hidden states come back padded, and the head pools them as it would.
+
+Where the result would not be the padded call's, the call is padded as usual, and why is counted
+(:data:`hfpatch._context.UNPADDED`, ``status().unpadded``): a label predicted from a pad, attention
+weights asked for, a cache that continues, a cache the result could not be laid back into, inputs given
+by embeddings, inputs this does not know, a model whose packed rows are not kept, compiled code. A pad's
+outputs in the unpadded result are zeros (logits and hidden states); its real tokens' are those of the
+packed call. Calls without padding never reach this module past one membership test.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any, NamedTuple, Optional
+
+import torch
+from torch import Tensor
+
+from . import caches
+from ._compat import CACHE_NAMES
+from ._context import CALL, PACKED, UNPAD, UNPADDED, Pin, patched_here
+from .positions import positions_from_mask
+from .windows import FULL, layer_types, packed_not_kept, text_config
+
+__all__ = ["Layout", "causal_lm_head", "count", "gate", "laid_out", "padded_back", "unpadding"]
+
+IGNORE = -100  # transformers' label that no loss reads
+# unpadded where the real tokens are at most this share of the slots: gathering, the mask by sequence and
+# padding back cost a few per cent of a call (benchmarks/RESULTS.md: about even at 85-90 % real tokens)
+WORTH = 0.85
+# what a call may carry besides the padded inputs to be unpadded (else: padded as usual)
+TAKEN = frozenset({
+    "input_ids", "attention_mask", "position_ids", "labels", "use_cache", "return_dict",
+    "output_hidden_states", "output_attentions", "logits_to_keep", "num_logits_to_keep",
+    "num_items_in_batch", *CACHE_NAMES,
+})  # fmt: skip
+
+
+class Layout(NamedTuple):
+    """Where a padded batch's real tokens are: ``index`` ``[real tokens]``, their flat numbers over
+    ``batch x length``, row by row; ``rows`` ``[real tokens]``, the row of each."""
+
+    index: Tensor
+    rows: Tensor
+    batch: int
+    length: int
+
+    def gather(self, tensor: Tensor) -> Tensor:
+        """``[batch, length, ...]`` -> ``[1, real tokens, ...]``."""
+        return tensor.reshape(self.batch * self.length, *tensor.shape[2:]).index_select(0, self.index)[None]
+
+    def scatter(self, tensor: Tensor) -> Tensor:
+        """``[1, real tokens, ...]`` -> ``[batch, length, ...]``, zeros at the pads."""
+        flat = tensor[0, : len(self.index)]
+        out = flat.new_zeros(self.batch * self.length, *flat.shape[1:]).index_copy(0, self.index, flat)
+        return out.view(self.batch, self.length, *flat.shape[1:])
+
+
+def count(why: Optional[str]) -> None:
+    """One call unpadded (``why`` None), or padded for ``why``."""
+    if why is None:
+        UNPADDED["calls"] = UNPADDED["calls"] + 1
+    else:
+        UNPADDED["padded"][why] = UNPADDED["padded"].get(why, 0) + 1
+
+
+def _why_padded(model: Any, kwargs: dict, masks: Any, cache_kw: Optional[str]) -> Optional[str]:
+    """Why the call in ``kwargs`` (a 2-D mask with padding, nothing cached) keeps the padded path, or
+    None: it may run on its real tokens."""
+    if not PACKED[0]:
+        return "packed rows left to stock"
+    mask = kwargs["attention_mask"]
+    if int(mask.count_nonzero()) > WORTH * mask.numel():
+        return f"too few pads to pay (under {1 - WORTH:.0%} of the slots)"
+    if kwargs.get("input_ids") is None:
+        return "inputs given by embeddings"
+    if kwargs.get("output_attentions"):
+        return "attention weights asked for"
+    if any(isinstance(v, Tensor) for k, v in kwargs.items() if k not in TAKEN):
+        return "inputs it does not know"
+    if packed_not_kept(model, masks, masked=False) not in (None, ""):
+        return "its packed rows are not kept"
+    config = text_config(model)
+    if getattr(config, "output_router_logits", False):
+        return "router logits (their auxiliary loss reads the padded layout)"
+    cache = next((kwargs[name] for name in CACHE_NAMES if kwargs.get(name) is not None), None)
+    if cache is not None and (caches.capacity(cache) is not None or caches.past_length(cache)):
+        return "a cache that is continued or static"
+    wants = kwargs.get("use_cache")
+    wants = getattr(config, "use_cache", False) if wants is None else wants
+    if wants and cache_kw is not None and set(layer_types(config, masks)) != {FULL}:
+        return "a cache with sliding layers to return"
+    return None
+
+
+def laid_out(kwargs: dict) -> Optional[tuple[dict, Layout]]:
+    """The call's inputs as one packed row (its rows' real tokens, their positions), and where they came
+    from; None where a row's positions run on into the next (the packed row could not tell them apart)."""
+    mask, ids = kwargs["attention_mask"], kwargs["input_ids"]
+    batch, length = ids.shape
+    real = mask != 0
+    index = real.reshape(-1).nonzero().squeeze(1)
+    rows = torch.div(index, length, rounding_mode="floor")
+    layout = Layout(index, rows, batch, length)
+    given = kwargs.get("position_ids")
+    if given is None:
+        positions = layout.gather(positions_from_mask(mask))
+    else:
+        positions = layout.gather(given.expand(batch, length).reshape(batch, length, 1))[..., 0]
+        first = torch.ones_like(rows, dtype=torch.bool)
+        first[1:] = rows[1:] != rows[:-1]
+        runs_on = positions[0, 1:] == positions[0, :-1] + 1
+        if bool((first[1:] & runs_on).any()):
+            return None
+    packed = {k: v for k, v in kwargs.items() if k not in ("attention_mask", "position_ids")}
+    packed["input_ids"] = layout.gather(ids)
+    packed["position_ids"] = positions
+    return packed, layout
+
+
+def padded_back(result: Any, layout: Layout) -> Any:
+    """The packed call's result in the caller's layout: every ``[1, tokens, ...]`` tensor (logits, hidden
+    states, each layer's) padded back, zeros at the pads; a cache laid back into the padded rows."""
+
+    tokens = (len(layout.index), len(layout.index) + 1)  # (and the one a causal head may add)
+
+    def back(value: Any) -> Any:
+        if isinstance(value, Tensor):
+            token_level = value.dim() >= 2 and value.shape[0] == 1 and value.shape[1] in tokens
+            return layout.scatter(value) if token_level else value
+        if isinstance(value, tuple) and value and all(isinstance(v, tuple) for v in value):  # a legacy cache
+            where = (layout.index, layout.batch, layout.length)
+            return tuple(tuple(caches.padded_states(t, *where) for t in kv) for kv in value)
+        if isinstance(value, tuple):
+            return tuple(back(v) for v in value)
+        if value is not None and not isinstance(value, (list, dict)):
+            caches.lay_back(value, layout.index, layout.batch, layout.length)
+        return value
+
+    if isinstance(result, tuple):
+        return type(result)(back(v) for v in result)
+    for key in list(result.keys()):
+        result[key] = back(result[key])
+    return result
+
+
+def unpadding(call: Callable[..., Any], model: Any, kwargs: dict, masks: Any, cache_kw: Optional[str]) -> Any:
+    """Run a base model's call on its real tokens (``call``: the patched forward, bound), or return
+    :data:`PADDED` where it keeps the padded path (counted, with why)."""
+    why = _why_padded(model, kwargs, masks, cache_kw)
+    found = laid_out(kwargs) if why is None else None
+    if found is None:
+        count(why or "the caller's positions run on from one row into the next")
+        return PADDED
+    packed, layout = found
+    count(None)
+    before, CALL.unpadding = CALL.unpadding, True
+    try:
+        return padded_back(call(**packed), layout)
+    finally:
+        CALL.unpadding = before
+
+
+PADDED = object()  # what :func:`unpadding` returns for a call that keeps the padded path
+
+
+def has_padding(kwargs: dict) -> bool:
+    """A 2-D mask as wide as the call's tokens, with a pad (eager: reads the mask once)."""
+    mask, ids = kwargs.get("attention_mask"), kwargs.get("input_ids")
+    if mask.__class__ is not Tensor or mask.dim() != 2 or ids is None or ids.dim() != 2:
+        return False
+    if tuple(mask.shape) != tuple(ids.shape) or torch.compiler.is_compiling():
+        return False
+    return not bool(mask.all())
+
+
+# --- task heads ---------------------------------------------------------------------------------------
+
+
+def causal_lm_head(cls: type) -> bool:
+    """A causal LM's task head: its ``forward`` takes ``labels`` and ``logits_to_keep`` (or 4.x's
+    ``num_logits_to_keep``), whose LM head runs on the last hidden states and whose loss shifts the labels
+    by one."""
+    try:
+        params = inspect.signature(cls.__dict__["forward"]).parameters
+    except (KeyError, TypeError, ValueError):
+        return False
+    return "labels" in params and ("logits_to_keep" in params or "num_logits_to_keep" in params)
+
+
+def gate(original: Callable, pin: Pin, masks: Any, cache_kw: Optional[str], causal: bool) -> Callable:
+    """The ``forward`` of a task head of a patched model, while ``apply(unpad=True)`` holds: a causal LM's
+    head unpadded itself (its LM head and loss on the real tokens); any head's token-level labels checked,
+    so that its base model is not unpadded where a label is predicted from a pad (``CALL.unpad``)."""
+    positional = [
+        p.name
+        for p in list(inspect.signature(original).parameters.values())[1:]
+        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    ]
+
+    @functools.wraps(original)
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not UNPAD[0] or CALL.unpadding or not patched_here(pin):
+            return original(self, *args, **kwargs)
+        if args:
+            if len(args) > len(positional) or any(name in kwargs for name in positional[: len(args)]):
+                return original(self, *args, **kwargs)  # (its own TypeError)
+            kwargs.update(zip(positional, args))
+        if not has_padding(kwargs):
+            return original(self, **kwargs)
+        labels = kwargs.get("labels")
+        targets = _shifted(labels, kwargs["attention_mask"]) if causal else labels
+        allowed = not _from_a_pad(targets, kwargs["attention_mask"])  # (its base model, unpadded)
+        if not allowed:
+            count("a label predicted from a pad")
+        elif causal and not kwargs.get("logits_to_keep") and not kwargs.get("num_logits_to_keep"):
+            result = _head_unpadded(original, self, kwargs, targets, masks, cache_kw)
+            if result is not PADDED:
+                return result
+            allowed = False  # (why is counted: its base model would find the same)
+        before, CALL.unpad = CALL.unpad, allowed
+        try:
+            return original(self, **kwargs)
+        finally:
+            CALL.unpad = before
+
+    return forward
+
+
+def _shifted(labels: Any, mask: Tensor) -> Any:
+    """The target of each token, as a causal LM's loss pairs them: the next column's label."""
+    if not isinstance(labels, Tensor) or labels.shape != mask.shape:
+        return labels
+    return torch.nn.functional.pad(labels[:, 1:], (0, 1), value=IGNORE)
+
+
+def _from_a_pad(targets: Any, mask: Tensor) -> bool:
+    """Whether a pad's output would count in the loss: a token-level target at a pad."""
+    if not isinstance(targets, Tensor) or targets.shape != mask.shape:
+        return False
+    return bool(((mask == 0) & (targets != IGNORE)).any())
+
+
+def _head_unpadded(
+    original: Callable, model: Any, kwargs: dict, targets: Any, masks: Any, cache_kw: Optional[str]
+) -> Any:
+    """A causal LM head's call on its real tokens: the packed row, its labels laid so that the head's loss
+    (which pairs each token with the next label) pairs each real token with its own target, and a
+    sequence of one pad after it where the last real token has one; the result padded back."""
+    base = getattr(model, model.base_model_prefix, model)
+    why = _why_padded(base, kwargs, masks, cache_kw)
+    found = laid_out(kwargs) if why is None else None
+    if found is None:
+        count(why or "the caller's positions run on from one row into the next")
+        return PADDED
+    packed, layout = found
+    if isinstance(targets, Tensor):
+        own = layout.gather(targets[..., None])[..., 0]  # [1, real tokens]
+        tail = bool(own[0, -1] != IGNORE)
+        if tail:  # one more token, a sequence of its own, whose label is the last real token's target
+            packed["input_ids"] = torch.nn.functional.pad(packed["input_ids"], (0, 1))
+            packed["position_ids"] = torch.nn.functional.pad(packed["position_ids"], (0, 1))
+        packed["labels"] = torch.cat([own.new_full((1, 1), IGNORE), own if tail else own[:, :-1]], 1)
+    count(None)
+    before, CALL.unpadding = CALL.unpadding, True
+    try:
+        return padded_back(original(model, **packed), layout)
+    finally:
+        CALL.unpadding = before

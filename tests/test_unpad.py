@@ -1,0 +1,247 @@
+"""``apply(unpad=True)``: a padded call run on its real tokens alone. Every real token's logits (and hidden
+states) against its sequence run alone, unpadded, on stock transformers, and against the padded path;
+the loss and every parameter's gradient against the padded path's; a returned cache continued; a
+sequence-classification head; the calls really run on their real tokens (what the base model receives);
+what keeps the padded path (a label predicted from a pad, attention weights, a cache continued), and a
+call without padding bit-identical. A hypothesis property over random lengths and paddings."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from packaging.version import Version
+
+import hfpatch
+from hfpatch._context import UNPADDED
+
+from conftest import TF, arch_skip_reason, spying, stock
+from harness import TOLERANCE, VOCAB, cache_kwarg, output_cache, run_alone
+
+pytestmark = pytest.mark.invariant("I10")
+
+NO_DROPOUT = {name: 0.0 for name in ("resid_pdrop", "embd_pdrop", "attn_pdrop", "attention_dropout")}
+ROWS = ([5, 6, 7, 8, 9, 10], [11, 12, 13], [14, 15, 16, 17], [18])
+
+
+@contextlib.contextmanager
+def unpadded():
+    """``apply(unpad=True)`` for the block (the suite runs with it off)."""
+    hfpatch.apply(unpad=True)
+    try:
+        yield
+    finally:
+        hfpatch.apply(unpad=False)
+
+
+def batch(rows, left: bool = False) -> dict:
+    width = max(map(len, rows))
+    ids, mask = [], []
+    for row in rows:
+        pads = [0] * (width - len(row))
+        ids.append(pads + list(row) if left else list(row) + pads)
+        mask.append([0] * len(pads) + [1] * len(row) if left else [1] * len(row) + [0] * len(pads))
+    return {"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(mask)}
+
+
+def real(tensor: torch.Tensor, mask: torch.Tensor, r: int) -> torch.Tensor:
+    return tensor[r][mask[r] != 0]
+
+
+@pytest.fixture(params=["gpt2", "llama"])
+def arch(request) -> str:
+    if arch_skip_reason(request.param):
+        pytest.skip(arch_skip_reason(request.param))
+    if not hfpatch.status()[request.param].packed.startswith("yes") and request.param in hfpatch.status():
+        import importlib
+
+        importlib.import_module(hfpatch.registry()[request.param].module)
+    if not hfpatch.status()[request.param].packed.startswith("yes"):
+        pytest.skip(f"{request.param}'s packed rows are not kept in transformers {TF}: no unpadding")
+    return request.param
+
+
+def tiny(arch: str, attention: str = "sdpa", **sizes):
+    from hfpatch.verification.tiny import tiny_model
+
+    return tiny_model(arch, attention=attention, sizes={**NO_DROPOUT, **sizes})
+
+
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+@pytest.mark.parametrize("left", [False, True], ids=["right", "left"])
+def test_logits_and_hidden_states_are_each_rows_own(arch, attention, left):
+    model = tiny(arch, attention)
+    kwargs = batch(ROWS, left)
+    with torch.no_grad():
+        padded = model(**kwargs, output_hidden_states=True)
+        before = UNPADDED["calls"]
+        with unpadded(), spying(model) as seen:
+            out = model(**kwargs, output_hidden_states=True)
+        assert UNPADDED["calls"] == before + 1
+    base = seen[-1]  # the base model got one packed row of the real tokens (a mask by sequence, or none)
+    assert base["input_ids"].shape == (1, sum(map(len, ROWS)))
+    assert (
+        base.get("attention_mask") is None
+        or not isinstance(base["attention_mask"], torch.Tensor)
+        or (base["attention_mask"].dim() == 4)
+    )
+    mask = kwargs["attention_mask"]
+    for r, row in enumerate(ROWS):
+        alone = run_alone(model, row)
+        assert (real(out.logits, mask, r) - alone).abs().max() <= TOLERANCE
+        assert (real(out.logits, mask, r) - real(padded.logits, mask, r)).abs().max() <= TOLERANCE
+        for got, want in zip(out.hidden_states, padded.hidden_states):
+            assert (real(got, mask, r) - real(want, mask, r)).abs().max() <= TOLERANCE
+    assert bool((out.logits[mask == 0] == 0).all())  # a pad's logits: zeros
+
+
+def grads(model) -> dict:
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("left", [False, True], ids=["right", "left"])
+def test_loss_and_gradients_are_the_padded_paths(arch, left):
+    """A training step with labels (-100 at the pads, as DataCollatorForLanguageModeling makes them), and
+    with Trainer's num_items_in_batch: the padded path's loss and every gradient. Left padding: the last
+    pad predicts the first real token there, so its label is -100'd as a collator with left padding
+    does; a label predicted from a pad keeps the padded path (test below)."""
+    model = tiny(arch).train()
+    kwargs = batch(ROWS, left)
+    labels = kwargs["input_ids"].masked_fill(kwargs["attention_mask"] == 0, -100)
+    if left:  # (a pad's output would predict each row's first token)
+        labels[:, :-1] = labels[:, :-1].masked_fill(kwargs["attention_mask"][:, 1:] == 0, -100)
+        labels = labels.masked_fill(torch.nn.functional.pad(kwargs["attention_mask"], (1, -1)) == 0, -100)
+    for extra in ({}, {"num_items_in_batch": torch.tensor(11)}):
+        model.zero_grad(set_to_none=True)
+        try:
+            want = model(**kwargs, labels=labels, **extra).loss
+        except TypeError:  # a release whose heads take no num_items_in_batch
+            continue
+        want.backward()
+        want_grads = grads(model)
+        model.zero_grad(set_to_none=True)
+        before = UNPADDED["calls"]
+        with unpadded():
+            got = model(**kwargs, labels=labels, **extra).loss
+        got.backward()
+        assert UNPADDED["calls"] == before + 1, UNPADDED
+        assert abs(got.item() - want.item()) <= 1e-5 * max(1.0, abs(want.item()))
+        got_grads = grads(model)
+        for name, g in want_grads.items():
+            assert ((got_grads[name] - g).norm() / g.norm().clamp(min=1e-12)).item() <= 1e-4, name
+
+
+def test_a_label_predicted_from_a_pad_keeps_the_padded_path(arch):
+    model = tiny(arch)
+    kwargs = batch(ROWS, left=True)
+    labels = kwargs["input_ids"].clone()  # the last pad of each left-padded row predicts a real token
+    with torch.no_grad():
+        want = model(**kwargs, labels=labels).loss
+        before = dict(UNPADDED["padded"])
+        with unpadded():
+            got = model(**kwargs, labels=labels).loss
+    assert torch.equal(got, want)
+    reason = "a label predicted from a pad"
+    assert UNPADDED["padded"].get(reason, 0) == before.get(reason, 0) + 1
+
+
+def test_a_returned_cache_is_continued(arch):
+    """Eval mode's default use_cache: the cache the unpadded call returns is laid back into the padded
+    rows, and a later call continues it (a right-padded prefix, then two tokens)."""
+    model = tiny(arch)
+    kwargs = batch(ROWS[:3])
+    more = torch.tensor([[40, 41], [42, 43], [44, 45]])
+    mask = torch.cat([kwargs["attention_mask"], torch.ones(3, 2, dtype=torch.long)], 1)
+    with torch.no_grad(), unpadded():
+        first = model(**kwargs, use_cache=True)
+        cache = output_cache(first)
+        assert cache is not None
+        second = model(input_ids=more, attention_mask=mask, **{cache_kwarg(model): cache}).logits
+    for r, row in enumerate(ROWS[:3]):
+        alone = run_alone(model, [*row, *more[r].tolist()])
+        assert (second[r] - alone[-2:]).abs().max() <= TOLERANCE
+
+
+def test_a_sequence_classification_head_pools_the_same_token(arch):
+    import transformers
+
+    from hfpatch.verification.tiny import tiny_config
+
+    config = tiny_config(arch, NO_DROPOUT)
+    config.num_labels, config.pad_token_id, config._attn_implementation = 3, 0, "sdpa"
+    torch.manual_seed(0)
+    try:
+        model = transformers.AutoModelForSequenceClassification.from_config(config).eval()
+    except ValueError as exc:
+        pytest.skip(f"no sequence-classification head for {arch} in transformers {TF}: {exc}")
+    kwargs = batch(ROWS)  # right padding with the pad id: the head pools each row's last real token
+    with torch.no_grad():
+        want = model(**kwargs).logits
+        before = UNPADDED["calls"]
+        with unpadded():
+            got = model(**kwargs).logits
+    assert UNPADDED["calls"] == before + 1
+    assert (got - want).abs().max() <= TOLERANCE
+
+
+def test_calls_without_padding_or_continuing_a_cache_are_unchanged(arch):
+    model = tiny(arch, "eager")  # (attention weights: eager attention gives them)
+    full = {
+        "input_ids": torch.tensor([[5, 6, 7], [8, 9, 10]]),
+        "attention_mask": torch.ones(2, 3, dtype=torch.long),
+    }
+    with torch.no_grad():
+        want = model(**full).logits
+        with unpadded():
+            assert torch.equal(model(**full).logits, want)  # bit-identical
+            kwargs = batch(ROWS[:2])
+            with stock():
+                stock_out = model(**kwargs, output_attentions=True)
+            out = model(**kwargs, output_attentions=True)  # attention weights: padded, as asked
+            assert out.attentions is not None and out.attentions[0].shape == stock_out.attentions[0].shape
+    assert UNPADDED["padded"].get("attention weights asked for", 0) >= 1
+
+
+def test_the_switch_and_its_variable():
+    with pytest.raises(TypeError, match="unpad"):
+        hfpatch.apply(unpad="yes")
+    status = hfpatch.apply(unpad=True)
+    try:
+        assert status.unpadded["on"] is True
+    finally:
+        hfpatch.apply(unpad=False)
+    assert hfpatch.status().unpadded["on"] is False
+
+
+@st.composite
+def padded_rows(draw):
+    count = draw(st.integers(1, 4))
+    rows = [draw(st.lists(st.integers(1, VOCAB - 1), min_size=1, max_size=7)) for _ in range(count)]
+    return rows, draw(st.booleans())
+
+
+@settings(max_examples=15, deadline=None)
+@given(padded_rows())
+def test_any_padding(drawn):
+    """Random rows and sides: every real token's logits its row's alone (Llama, SDPA)."""
+    if arch_skip_reason("llama") or TF < Version("4.38"):
+        pytest.skip("no packed rows of Llama kept here")
+    rows, left = drawn
+    model = _hypothesis_model()
+    kwargs = batch(rows, left)
+    with torch.no_grad(), unpadded():
+        logits = model(**kwargs).logits
+    for r, row in enumerate(rows):
+        assert (real(logits, kwargs["attention_mask"], r) - run_alone(model, row)).abs().max() <= TOLERANCE
+
+
+_MODELS: dict = {}
+
+
+def _hypothesis_model():
+    if "llama" not in _MODELS:
+        _MODELS["llama"] = tiny("llama")
+    return _MODELS["llama"]
