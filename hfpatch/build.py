@@ -90,7 +90,7 @@ def build(adapter: Adapter, module: Any, pin: Pin) -> tuple[Patch, ...]:
         rows.append(Patch(generation[0], "prepare_inputs_for_generation", *generation[1:]))
     attention = by_sequence_sdpa()
     if attention is not None:
-        rows.append(Patch(*attention))
+        rows.append(attention)
     unpads = unpads_here(adapter, plan)
     for head in heads:
         replacement = handing_on(head.forward, pin, head.takes_positions) if head.drops else head.forward

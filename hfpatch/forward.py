@@ -133,8 +133,13 @@ def make_forward(adapter: Adapter, original: Callable, plan: Plan, pin: Pin) -> 
             if derived is not None:
                 if windowed and family is None:
                     apply_masks(self, masks, cache_kw, kwargs, cache, *derived)
-            elif not eager and kwargs.get("position_ids") is not None and (family is None or from_mask):
-                packed = given_masks(self, adapter, plan, kwargs, cache)
+            elif (
+                not eager
+                and (given_positions := kwargs.get("position_ids")) is not None
+                and (family is None or from_mask)
+            ):  # (one new token and no window, every generate() step: no packed row, no hole to look at)
+                if windowed or given_positions.__class__ is not Tensor or given_positions.shape[-1] > 1:
+                    packed = given_masks(self, adapter, plan, kwargs, cache)
         except LeaveToStock as exc:
             warn_once(arch, str(exc))
             return original(self, **given)

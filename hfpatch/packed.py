@@ -9,7 +9,8 @@ cache (``use_cache=False``, 5.x); a patched forward keeps each one to itself:
 2. :func:`hfpatch.windows.apply_masks` hands the model a mask by sequence (the windows' one rule: real,
    causal, in the query's sequence, within the window by position), in the form its mask code takes;
 3. with SDPA (eager mode), that mask carries the sequences' layout (:class:`Groups`), and the SDPA
-   function of transformers' attention registry (installed while hfpatch is, :func:`by_sequence_sdpa`)
+   function of transformers' attention registry (set there by the first packed row, kept while hfpatch is
+   installed, :func:`by_sequence_sdpa`)
    runs each sequence on its own (causal, grouped by length) instead of the whole row under the mask:
    ``sum(length ** 2)`` of work instead of ``row ** 2``. Where the layout does not reach it (a model
    that rebuilds the mask, compiled code, reentrant checkpointing's recomputation), the mask itself is
@@ -35,12 +36,14 @@ import torch
 from torch import Tensor
 
 from . import caches
-from ._context import CALL, PACKED, Pin, patched_here
+from ._context import CALL, PACKED, Pin, Users, patched_here
+from .patches import Ledger, Patch
 from .positions import positions_in_segments, restarts, segments, segments_from_lengths
 
 __all__ = [
     "Groups",
     "by_sequence_sdpa",
+    "needs_by_sequence",
     "groups",
     "Head",
     "handing_on",
@@ -268,14 +271,19 @@ def groups(mask: Tensor, segment_ids: Tensor) -> Groups:
     return Groups((batch, length), tuple(parts))
 
 
-def by_sequence_sdpa() -> Optional[tuple[dict, str, Callable, Callable]]:
-    """While hfpatch is installed, transformers' SDPA attention function (its registry's ``"sdpa"``,
-    4.48+) runs a mask by sequence that carries its :class:`Groups` one sequence at a time: (the
-    registry's mapping, the key, the function, the replacement), or None before the registry."""
+def by_sequence_sdpa() -> Optional[Patch]:
+    """The row that makes transformers' SDPA attention function (its registry's ``"sdpa"``, 4.48+) run a
+    mask by sequence that carries its :class:`Groups` one sequence at a time, made once (every adapter
+    shares it): lazy, set in the registry by the first packed row that needs it (:func:`needs_by_sequence`)
+    and kept until ``revert()``, so that a process that never packs a row never runs it (it costs every
+    attention layer a frame). None before the registry."""
     mapping = _attention_registry()
     original = mapping.get("sdpa") if mapping is not None else None
     if original is None:
         return None
+    made = _ROW[0]
+    if made is not None and made.owner is mapping and made.original is original:
+        return made
 
     @functools.wraps(original)
     def sdpa_attention_forward(
@@ -294,7 +302,19 @@ def by_sequence_sdpa() -> Optional[tuple[dict, str, Callable, Callable]]:
             return original(module, query, key, value, attention_mask, **kwargs)  # (not a row it describes)
         return _by_sequence(original, module, query, key, value, grouped, kwargs)
 
-    return mapping, "sdpa", original, sdpa_attention_forward
+    _ROW[0] = Patch(mapping, "sdpa", original, sdpa_attention_forward, Users(), lazy=True)
+    return _ROW[0]
+
+
+_ROW: list[Optional[Patch]] = [None]  # the by-sequence SDPA row (by_sequence_sdpa)
+
+
+def needs_by_sequence() -> None:
+    """A packed row's masks carry their :class:`Groups` for SDPA: the by-sequence row set in the registry
+    if it is not yet (:meth:`hfpatch.patches.Ledger.first_use`)."""
+    row = _ROW[0]
+    if row is not None and row.current() is not row.replacement:
+        Ledger.first_use(row)
 
 
 def _by_sequence(

@@ -254,8 +254,9 @@ def _by_lengths(kwargs: dict, mask: torch.Tensor, segment_ids: torch.Tensor) -> 
 def _by_sequence(masks: dict, windows: dict, mask: torch.Tensor, segment_ids: torch.Tensor) -> None:
     """Let SDPA run each packed sequence on its own (:mod:`hfpatch.packed`): the masks of the layer types
     whose window or chunk no sequence exceeds carry the sequences' layout."""
-    from .packed import GROUPS, groups
+    from .packed import GROUPS, groups, needs_by_sequence
 
+    needs_by_sequence()
     grouped = groups(mask, segment_ids)
     longest = grouped.longest()
     for kind, size in windows.items():
