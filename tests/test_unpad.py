@@ -70,10 +70,19 @@ def tiny(arch: str, attention: str = "sdpa", **sizes):
     return tiny_model(arch, attention=attention, sizes={**NO_DROPOUT, **sizes})
 
 
-@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+@pytest.mark.parametrize(
+    "attention", ["eager", "sdpa", pytest.param("flex_attention", marks=pytest.mark.slow)]
+)
 @pytest.mark.parametrize("left", [False, True], ids=["right", "left"])
 def test_logits_and_hidden_states_are_each_rows_own(arch, attention, left):
-    model = tiny(arch, attention)
+    if attention == "flex_attention" and left:
+        pytest.skip("flex attention: right padding is enough (the BlockMask of a packed row either way)")
+    if attention == "flex_attention" and TF < Version("4.53"):
+        pytest.skip(f"flex attention takes hfpatch's BlockMask from 4.53 (installed {TF})")
+    try:
+        model = tiny(arch, attention)
+    except (ValueError, ImportError) as exc:
+        pytest.skip(f"{arch} with {attention} attention in transformers {TF}: {str(exc)[:100]}")
     kwargs = batch(ROWS, left)
     with torch.no_grad():
         padded = model(**kwargs, output_hidden_states=True)
@@ -132,6 +141,63 @@ def test_loss_and_gradients_are_the_padded_paths(arch, left):
         got_grads = grads(model)
         for name, g in want_grads.items():
             assert ((got_grads[name] - g).norm() / g.norm().clamp(min=1e-12)).item() <= 1e-4, name
+
+
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
+def test_gradient_checkpointing(arch, reentrant):
+    """Activation checkpointing recomputes each layer of the packed row in the backward pass: the same
+    loss and gradients as the padded path."""
+    import warnings
+
+    model = tiny(arch).train()
+    if not model.supports_gradient_checkpointing:
+        pytest.skip(f"{type(model).__name__} does not checkpoint")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    kwargs = batch(ROWS)
+    labels = kwargs["input_ids"].masked_fill(kwargs["attention_mask"] == 0, -100)
+    model.zero_grad(set_to_none=True)
+    want = model(**kwargs, labels=labels).loss
+    want.backward()
+    want_grads = grads(model)
+    model.zero_grad(set_to_none=True)
+    with unpadded():
+        got = model(**kwargs, labels=labels).loss
+        got.backward()
+    assert abs(got.item() - want.item()) <= 1e-5 * max(1.0, abs(want.item()))
+    for name, g in want_grads.items():
+        assert ((grads(model)[name] - g).norm() / g.norm().clamp(min=1e-12)).item() <= 1e-4, name
+
+
+@pytest.mark.slow
+@pytest.mark.compile
+def test_compiled_calls_keep_the_padded_path(arch):
+    """A compiled call takes the padded path (no data-dependent shape in a graph): one graph under
+    fullgraph=True, the eager padded logits, and a stream of batches of other lengths compiles no more
+    graphs than without unpad."""
+    from torch._dynamo.testing import CompileCounter
+
+    model = tiny(arch)
+    counts = {}
+    for unpad in (False, True):
+        torch._dynamo.reset()
+        counter = CompileCounter()
+        compiled = torch.compile(model, fullgraph=True, backend=counter)
+        hfpatch.apply(unpad=unpad)
+        try:
+            with torch.no_grad():
+                for rows in (ROWS, ROWS[:3], [r * 2 for r in ROWS]):
+                    kwargs = batch(rows)
+                    want = model(**kwargs).logits if not unpad else None
+                    got = compiled(**kwargs).logits
+                    if want is not None:
+                        assert (got - want).abs().max() <= TOLERANCE
+        finally:
+            hfpatch.apply(unpad=False)
+            torch._dynamo.reset()
+        counts[unpad] = counter.frame_count
+    assert counts[True] <= counts[False], counts
 
 
 def test_a_label_predicted_from_a_pad_keeps_the_padded_path(arch):
