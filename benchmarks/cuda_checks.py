@@ -3,6 +3,7 @@
     python benchmarks/cuda_checks.py            # all
     python benchmarks/cuda_checks.py seq2seq    # only 3.
     python benchmarks/cuda_checks.py attention  # only 4.
+    python benchmarks/cuda_checks.py unpad      # only 5.
 
 1. CUDA graphs: greedy decoding with a StaticCache and implicit positions (hfpatch derives them from
    the mask) under ``torch.compile(mode="reduce-overhead")`` gives the same tokens as eager.
@@ -24,6 +25,10 @@
    SDPA, bf16's tolerance for FlashAttention-2), or, where hfpatch says it does not keep a packed row, its
    warning given. tests/test_flash.py runs the same integration on the CPU with kernels written in torch.
    Prints what it measured.
+5. ``apply(unpad=True)`` on the GPU, SDPA and FlashAttention-2: the training step and the no-grad scoring
+   call of 16 right-padded sequences (Llama, 4 layers x 256, 27 % of the slots real tokens, as
+   benchmarks/RESULTS.md's CPU rows), unpadded vs padded: the loss (equal within 1e-5 in fp32 SDPA; bf16's
+   tolerance for FlashAttention-2) and the speed-up (CUDA events, median of 11; printed, not checked).
 """
 
 from __future__ import annotations
@@ -304,9 +309,75 @@ def attention_paths(attention: str) -> bool:
     return ok
 
 
+def unpadded(attention: str) -> bool:
+    """Check 5 for one attention: the unpadded training step and scoring call against the padded ones."""
+    import statistics
+
+    from bench import SMALL, skewed_lengths  # (the CPU rows' model and lengths)
+
+    flash = attention.startswith("flash")
+    dtype = torch.bfloat16 if flash else torch.float32
+    try:
+        model = tiny_model("llama", sizes=SMALL, attention=attention).to("cuda", dtype)
+    except (ImportError, ValueError) as exc:
+        print(f"unpad, {attention}: not run ({str(exc)[:120]})")
+        return True
+    lengths = skewed_lengths(0.27)
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.zeros(16, 256, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for r, n in enumerate(lengths):
+        ids[r, :n], mask[r, :n] = torch.randint(1, 1000, (n,), generator=generator), 1
+    ids, mask = ids.cuda(), mask.cuda()
+    labels = ids.masked_fill(mask == 0, -100)
+
+    def train() -> float:
+        model.train()
+        model.zero_grad(set_to_none=True)
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        loss.backward()
+        return loss.item()
+
+    def score() -> float:
+        model.eval()
+        with torch.no_grad():
+            return model(input_ids=ids, attention_mask=mask).logits.float().sum().item()
+
+    def timed(call, unpad: bool) -> tuple[float, float]:
+        hfpatch.apply(unpad=unpad)
+        try:
+            value = call()
+            times = []
+            for _ in range(11):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                call()
+                end.record()
+                torch.cuda.synchronize()
+                times.append(start.elapsed_time(end))
+            return value, statistics.median(times)
+        finally:
+            hfpatch.apply(unpad=False)
+
+    ok = True
+    for label, call in (("training step", train), ("scoring call", score)):
+        (padded, padded_ms), (ours, ours_ms) = timed(call, False), timed(call, True)
+        bound = 1e-5 if not flash else 3e-2
+        same = abs(padded - ours) <= bound * max(1.0, abs(padded)) if label == "training step" else True
+        ok &= same
+        loss = (
+            f"; loss {ours:.6f} vs {padded:.6f} {'ok' if same else 'WRONG'}"
+            if label.startswith("training")
+            else ""
+        )
+        print(f"unpad, {attention}, {label} ({sum(lengths)} of 4096 real): {padded_ms:.1f} ms padded, "
+              f"{ours_ms:.1f} ms unpadded ({padded_ms / ours_ms:.2f}x){loss}")  # fmt: skip
+    return ok
+
+
 def main(argv: list[str]) -> int:
-    if argv not in ([], ["seq2seq"], ["attention"]):
-        print("usage: python benchmarks/cuda_checks.py [seq2seq | attention]")
+    if argv not in ([], ["seq2seq"], ["attention"], ["unpad"]):
+        print("usage: python benchmarks/cuda_checks.py [seq2seq | attention | unpad]")
         return 2
     if not torch.cuda.is_available():
         print("no CUDA device: these checks need a GPU")
@@ -320,6 +391,10 @@ def main(argv: list[str]) -> int:
     ok = True
     if argv in ([], ["attention"]):
         ok &= attention_paths("sdpa") & attention_paths("flash_attention_2")
+        if argv:
+            return 0 if ok else 1
+    if argv in ([], ["unpad"]):
+        ok &= unpadded("sdpa") & unpadded("flash_attention_2")
         if argv:
             return 0 if ok else 1
     decoder_only = (
