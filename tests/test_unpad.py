@@ -311,3 +311,23 @@ def _hypothesis_model():
     if "llama" not in _MODELS:
         _MODELS["llama"] = tiny("llama")
     return _MODELS["llama"]
+
+
+def test_the_watchers_see_unpadded_calls(arch):
+    """verify and hfpatch.testing run their padded scenarios through the unpadded path when it is on
+    (exact, and counted); the shadow checks an unpadded call's sequences, each against itself alone; the
+    audit counts it as run on its real tokens."""
+    from hfpatch.testing import assert_padding_invariant
+
+    model = tiny(arch)
+    with unpadded():
+        before = UNPADDED["calls"]
+        assert hfpatch.verify(model).ok
+        assert assert_padding_invariant(model, families=["padding", "cached"]).ok
+        assert UNPADDED["calls"] > before
+        with torch.no_grad(), hfpatch.shadow(rate=1.0) as report:
+            model(**batch(ROWS))
+        assert report.checked == len(ROWS) and report.mismatches == 0, report
+        with torch.no_grad(), hfpatch.audit() as audit:
+            model(**batch(ROWS))
+    assert audit.as_dict()[arch]["not_judged"] == {"run on its real tokens (apply(unpad=True))": 1}
