@@ -35,7 +35,7 @@ from . import caches
 from ._compat import CACHE_NAMES
 from ._context import CALL, PACKED, UNPAD, UNPADDED, Pin, patched_here
 from .positions import positions_from_mask
-from .windows import FULL, layer_types, packed_not_kept, text_config
+from .windows import FULL, layer_types, packed_not_kept, text_config, whole_cache
 
 __all__ = ["Layout", "causal_lm_head", "count", "gate", "laid_out", "padded_back", "unpadding"]
 
@@ -104,7 +104,10 @@ def _why_padded(model: Any, kwargs: dict, masks: Any, cache_kw: Optional[str]) -
     wants = kwargs.get("use_cache")
     wants = getattr(config, "use_cache", False) if wants is None else wants
     if wants and cache_kw is not None and set(layer_types(config, masks)) != {FULL}:
-        return "a cache with sliding layers to return"
+        # sliding layers would keep the packed row's last columns: the cache the model would make (or the
+        # caller's empty one) with them kept whole, laid back whole (what hfpatch's windows keep anyway)
+        if whole_cache(model, masks, config, cache_kw, kwargs, cache) in (False, None):
+            return "a cache with sliding layers to return"
     return None
 
 

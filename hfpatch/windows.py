@@ -44,6 +44,7 @@ __all__ = [
     "MaskPlan",
     "apply_masks",
     "configured_window",
+    "whole_cache",
     "layer_types",
     "mask_plan",
     "packed_not_kept",
@@ -202,7 +203,7 @@ def apply_masks(
     if packed is None:
         if not sizes:
             return True  # no window: nothing to decide by position
-        cache = _whole_cache(model, plan, config, cache_kw, kwargs, cache)
+        cache = whole_cache(model, plan, config, cache_kw, kwargs, cache)
         if cache is False:
             return False
         if flash or mask.shape[1] <= min(window or chunk for window, chunk in sizes):
@@ -264,7 +265,7 @@ def _by_sequence(masks: dict, windows: dict, mask: torch.Tensor, segment_ids: to
             setattr(masks[kind], GROUPS, grouped)
 
 
-def _whole_cache(
+def whole_cache(
     model: Any, plan: MaskPlan, config: Any, cache_kw: Optional[str], kwargs: dict, cache: Any
 ) -> Any:
     """The cache with its sliding layers kept whole (one the model would create itself is created here,

@@ -331,3 +331,29 @@ def test_the_watchers_see_unpadded_calls(arch):
         with torch.no_grad(), hfpatch.audit() as audit:
             model(**batch(ROWS))
     assert audit.as_dict()[arch]["not_judged"] == {"run on its real tokens (apply(unpad=True))": 1}
+
+
+def test_a_sliding_window_cache_is_kept_whole_and_continued():
+    """Mistral with a window of 4: the unpadded call's cache keeps its sliding layers whole (a packed row's
+    last columns are not a row's), laid back, and continued past the window, each row exact."""
+    import transformers
+
+    from hfpatch.verification.tiny import tiny_config
+
+    if arch_skip_reason("mistral") or TF < Version("4.56"):
+        pytest.skip(f"a DynamicCache with sliding layers to keep whole from 4.56 (installed {TF})")
+    config = tiny_config("mistral", {"sliding_window": 4})
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    rows = [list(range(5, 14)), [14, 15], [16, 17, 18]]
+    kwargs = batch(rows)
+    more = torch.tensor([[40, 41], [42, 43], [44, 45]])
+    mask = torch.cat([kwargs["attention_mask"], torch.ones(3, 2, dtype=torch.long)], 1)
+    before = UNPADDED["calls"]
+    with torch.no_grad(), unpadded():
+        cache = output_cache(model(**kwargs, use_cache=True))
+        assert UNPADDED["calls"] == before + 1
+        second = model(input_ids=more, attention_mask=mask, **{cache_kwarg(model): cache}).logits
+    for r, row in enumerate(rows):
+        assert (second[r] - run_alone(model, [*row, *more[r].tolist()])[-2:]).abs().max() <= TOLERANCE
