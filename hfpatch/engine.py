@@ -19,37 +19,51 @@ so a block in one thread never changes what another thread computes. Compiled co
 from __future__ import annotations
 
 import contextlib
-import difflib
 import functools
 import os
 import sys
-import textwrap
 import threading
-import types
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import MappingProxyType
-from typing import Any, NamedTuple, Optional, Union
+from typing import Any, Optional, Union
 
 from . import custom
-from ._context import CALL, PACKED, UNPAD, UNPADDED, Pin, close_block, open_block, read_packed, read_unpad
+from ._context import PACKED, UNPAD, UNPADDED, Pin, close_block, open_block, read_packed, read_unpad
 from .adapters import ADAPTERS, UNDECLARED
 from .declarations import NOT_COVERED, Adapter, Undeclared
+from .hooks import rebind_hooked
 from .observers import SHADOW_COUNTS
 from .patches import ABSENT, Ledger, Patch
+from .states import (
+    APPLIED,
+    CHECKING,
+    NOT_APPLIED,
+    SKIPPED,
+    WAITING,
+    AdapterStatus,
+    Status,
+    adapter_status,
+    nearest,
+    packed_undeclared,
+)
 from .support import (
     CUSTOM,
     NEWEST_TESTED,
     UNTESTED_NEWER,
     UNVERIFIED,
-    Support,
     in_range,
     installed_transformers,
     support,
 )
 
-__all__ = [
+__all__ = [  # (the state names and the status types are states.py's, named here too)
+    "APPLIED",
+    "CHECKING",
+    "NOT_APPLIED",
+    "SKIPPED",
+    "WAITING",
     "AdapterStatus",
     "Status",
     "Held",
@@ -66,11 +80,6 @@ __all__ = [
     "unpatched",
 ]
 
-APPLIED = "applied"
-WAITING = "waiting for import"
-CHECKING = "waiting for its check"
-SKIPPED = "skipped"
-NOT_APPLIED = "not applied"
 
 Archs = Union[str, Iterable[str], None]
 
@@ -121,117 +130,6 @@ _ledger = Ledger()
 _warned: set[str] = set()  # warnings already given in this process
 _applied_by: list[str] = []  # how apply() was called in this process, when not by the program itself
 _environment_read: list[bool] = []  # HFPATCH_PACKED and HFPATCH_UNPAD read (by the first apply())
-
-
-class AdapterStatus(NamedTuple):
-    """One model type: its ``state`` (``applied``, ``waiting for import``, ``waiting for its check`` (a
-    class outside transformers defined after ``apply()``, until its first call), ``skipped``, ``not applied``;
-    or, for model types hfpatch does not patch, ``right on stock``, ``not fixable by positions``,
-    ``not covered``, ``through its language model``), why, the ``target`` and ``versions`` of the adapter
-    that patches it, its ``support`` on the installed release (``tested``, ``untested newer``,
-    ``known-bad``, ``unverified``, ``outside``; empty for model types without an adapter), and
-    ``packed``: whether a row packing several sequences (positions that restart) is kept to them
-    (``yes (eager, SDPA ...)``, ``no: why``; empty where no such row reaches it, or until its module is
-    imported)."""
-
-    arch: str
-    target: str
-    versions: str
-    state: str
-    reason: str
-    support: str
-    packed: str = ""
-
-
-class Status(Mapping):
-    """What ``hfpatch.status()`` returns: a read-only mapping from model type to its
-    :class:`AdapterStatus` (``status()["qwen2"].state``, ``"mamba" in status()``), plus the installed
-    ``transformers`` release and how hfpatch was applied (``applied_by``). ``print()`` it for a table."""
-
-    __slots__ = ("transformers", "applied_by", "shadow", "unpadded", "_entries")  # not a dataclass: ~1 ms
-
-    def __init__(
-        self,
-        transformers: Optional[str],
-        entries: tuple[AdapterStatus, ...],
-        applied_by: str = "",
-        shadow: Optional[Mapping[str, Any]] = None,
-        unpadded: Optional[Mapping[str, Any]] = None,
-    ) -> None:
-        self.transformers = transformers
-        # this process's hfpatch.shadow checks: rows ``checked``, ``mismatches``, the ``worst`` |difference|,
-        # and the calls it did not check, by reason (``skipped``; calls sampled out are not counted)
-        counts = dict(shadow or {"checked": 0, "mismatches": 0, "worst": 0.0, "skipped": {}})
-        counts["skipped"] = MappingProxyType(dict(counts.get("skipped", {})))
-        self.shadow = MappingProxyType(counts)
-        # apply(unpad=True): whether it is ``on``, the padded ``calls`` run on their real tokens, and those
-        # left padded, by reason (``padded``)
-        unpadded = dict(unpadded or {"on": False, "calls": 0, "padded": {}})
-        unpadded["padded"] = MappingProxyType(dict(unpadded.get("padded", {})))
-        self.unpadded = MappingProxyType(unpadded)
-        # "import hfpatch.auto", the launcher, the Ray setup hook, "hfpatch.apply() in this program", or
-        # "" where nothing applied hfpatch
-        self.applied_by = applied_by
-        self._entries = {entry.arch: entry for entry in entries}
-
-    @property
-    def adapters(self) -> tuple[AdapterStatus, ...]:
-        """Every entry, in registry order."""
-        return tuple(self._entries.values())
-
-    def __getitem__(self, arch: str) -> AdapterStatus:
-        try:
-            return self._entries[arch]
-        except (KeyError, TypeError):
-            hint = _nearest(arch, list(self._entries)) if isinstance(arch, str) else ""
-            message = f"no model type {arch!r} known to hfpatch{hint}; print(hfpatch.status()) lists them"
-            raise KeyError(message) from None
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._entries)
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Status):
-            return NotImplemented
-        return (self.transformers, self.adapters) == (other.transformers, other.adapters)
-
-    def __repr__(self) -> str:
-        return f"Status(transformers={self.transformers!r}, adapters={self.adapters!r})"
-
-    def __str__(self) -> str:
-        """A table that fits 100 columns: a row per model type, its reason wrapped under it
-        (``status()[arch]`` has the target and versions too)."""
-        rows = [("arch", "state", "support", "packed")]
-        rows += [(a.arch, a.state, a.support, a.packed.split(" ")[0].rstrip(":")) for a in self.adapters]
-        widths = [max(len(row[i]) for row in rows) for i in range(4)]
-        widths[0] = min(widths[0], 40)  # a longer model type (a class of the user's) has a line of its own
-        lines = [f"transformers {self.transformers or 'not installed'}"]
-        if self.applied_by:
-            lines.append(f"applied by {self.applied_by}")
-        for row, entry in zip(rows, (None, *self.adapters)):
-            if len(row[0]) > widths[0]:
-                lines.append(row[0])
-                row = ("", *row[1:])
-            lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)))
-            if entry is not None and entry.reason:
-                lines += textwrap.wrap(entry.reason, 100, initial_indent="    ", subsequent_indent="    ")
-        if self.unpadded["on"] or self.unpadded["calls"]:
-            padded = sum(self.unpadded["padded"].values())
-            lines.append(
-                f"unpadded calls: {self.unpadded['calls']}"
-                + (f", {padded} left padded (status().unpadded['padded'] says why)" if padded else "")
-            )
-        if self.shadow["checked"] or self.shadow["skipped"]:
-            skipped = sum(self.shadow["skipped"].values())
-            lines.append(
-                f"shadow checks: {self.shadow['checked']} rows, {self.shadow['mismatches']} mismatches"
-                + (f", {skipped} calls not checked (status().shadow['skipped'] says why)" if skipped else "")
-            )
-        lines.append("Patch before torch.compile, or call torch._dynamo.reset() after apply()/revert().")
-        return "\n".join(line.rstrip() for line in lines)
 
 
 def _register() -> None:
@@ -328,7 +226,7 @@ def apply(
         _check_classes(names)  # outside the lock
     with _lock:
         installed = _want(names, holder=None, force=ignore_ranges)
-        _rebind_hooked(installed)
+        rebind_hooked(installed)
         return status()
 
 
@@ -457,7 +355,7 @@ def hold(archs: Archs = None) -> Held:
         first = [name for name in names if not _states[name].rows]
         installed = _want(names, holder=token)
         # models accelerate hooked before hfpatch was ever installed: found once, at the first install
-        _rebind_hooked([row for row in installed if any(row in _states[name].rows for name in first)])
+        rebind_hooked([row for row in installed if any(row in _states[name].rows for name in first)])
     return token
 
 
@@ -495,7 +393,7 @@ def status() -> Status:
         version = installed_transformers()
         entries = []
         for name, adapter in _registry.items():
-            entry = _adapter_status(_states[name], version)
+            entry = adapter_status(_states[name], version)
             entries.append(entry)
             since = dict(adapter.alias_since)
             for alias in adapter.aliases:
@@ -507,7 +405,7 @@ def status() -> Status:
                 entries.append(alias_entry)
         answers = {entry.arch: entry.packed for entry in entries}
         entries += [
-            AdapterStatus(u.arch, "", "", u.verdict, u.reason, "", _packed_undeclared(u, answers))
+            AdapterStatus(u.arch, "", "", u.verdict, u.reason, "", packed_undeclared(u, answers))
             for u in _undeclared.values()
         ]
         entries += [
@@ -524,72 +422,6 @@ def applied_by(how: str) -> None:
     """Record how hfpatch was applied in this process (``hfpatch.auto`` and the launcher say so)."""
     with _lock:
         _applied_by.append(how)
-
-
-def _adapter_status(state: _State, version: Any) -> AdapterStatus:
-    adapter = state.adapter
-    verdict = support(adapter, version)
-    if state.forced and not verdict.patchable:
-        verdict = Support(verdict.level, f"patched with apply(..., ignore_ranges=True); {verdict.reason}")
-    if state.check_reason:
-        verdict = Support(verdict.level, f"{verdict.reason}; {state.check_reason}")
-    here = (CALL.overrides or {}).get(adapter.arch)  # this thread's patched()/unpatched() choice, if any
-    if state.pin.awaiting is not None and here is None:
-        entry = (
-            CHECKING,
-            "defined after apply(): checked on a tiny copy at its first call, patched if exact",
-        )
-    elif state.installed and (state.pin.pinned if here is None else here):
-        entry = (APPLIED, verdict.reason)
-    elif state.skip_reason is not None:
-        entry = (SKIPPED, state.skip_reason)
-    elif here is False:
-        entry = (NOT_APPLIED, "stock in this thread: inside hfpatch.unpatched()")
-    elif state.wanted and not state.installed:
-        entry = (WAITING, f"patched when {adapter.module} is imported; {verdict.reason}")
-    elif state.installed:
-        entry = (NOT_APPLIED, "patched only inside other threads' hfpatch.patched() blocks")
-    else:
-        entry = (NOT_APPLIED, "hfpatch.apply() has not been called (or revert() was)")
-    return AdapterStatus(
-        adapter.arch, adapter.target, adapter.versions, *entry, verdict.level, _packed(state, entry[0])
-    )
-
-
-PACKED_OFF = "no: left to stock (apply(packed=False), or HFPATCH_PACKED=0)"
-
-
-def _packed(state: _State, how: str) -> str:
-    """Whether a packed row of the adapter's class is kept to its sequences now: its patch's answer where
-    it is applied (``yes (attentions)``, ``no: why``), else no, and why."""
-    if not PACKED[0]:
-        return PACKED_OFF
-    if how != APPLIED:
-        declared = state.adapter.packed
-        why = (
-            declared.removeprefix("no: ")
-            if declared and declared.startswith("no")
-            else f"not patched ({how})"
-        )
-        return f"no: {why}"
-    return getattr(state.rows[0].replacement, "__hfpatch_packed__", "")
-
-
-def _packed_undeclared(entry: Undeclared, answers: Mapping[str, str]) -> str:
-    """A model type hfpatch does not patch keeps its packed rows as stock does: not to their sequences
-    (where its class is watched, a packed call warns); a wrapper whose language model a patched class
-    runs, as that one does."""
-    if not PACKED[0]:
-        return PACKED_OFF
-    if entry.packed:
-        return f"{entry.packed} (a packed call warns)" if entry.watched else entry.packed
-    own = answers.get(entry.language_model or "")
-    if not own:
-        return "no: hfpatch does not patch it"
-    name = entry.language_model
-    if own.startswith("yes"):
-        return f"yes: by its language model, which the {name!r} adapter patches {own[3:].strip()}"
-    return f"no: its language model's ({name!r}): {own.removeprefix('no: ')}"
 
 
 def select(archs: Archs) -> list[str]:
@@ -616,16 +448,9 @@ def select(archs: Archs) -> list[str]:
     unknown = [n for n in names if n not in _registry and n not in _aliases]
     if unknown:
         known = [*_registry, *_aliases, *_undeclared]
-        hints = [f"{n!r}{_nearest(n, known)}" for n in unknown]
+        hints = [f"{n!r}{nearest(n, known)}" for n in unknown]
         raise ValueError(f"archs: unknown model type {', '.join(hints)}; hfpatch.status() lists every one")
     return list(dict.fromkeys(_aliases.get(n, n) for n in names))
-
-
-def _nearest(name: str, known: list[str]) -> str:
-    """`` (did you mean a or b?)`` for the known names closest to ``name`` (ignoring case), or ``""``."""
-    lower = {k.lower(): k for k in known}
-    close = [lower[c] for c in difflib.get_close_matches(name.lower(), list(lower), n=3)]
-    return f" (did you mean {' or '.join(close)}?)" if close else ""
 
 
 def _hook(name: str) -> Callable[[Any], None]:
@@ -633,7 +458,7 @@ def _hook(name: str) -> Callable[[Any], None]:
         with _lock:
             state = _states[name]
             if state.wanted and not state.installed:
-                _rebind_hooked(_install(state, module))
+                rebind_hooked(_install(state, module))
 
     return on_import
 
@@ -764,7 +589,7 @@ def _on_new_class(cls: type) -> None:
             _seen.add(cls)
             name = _notice(cls)
             if name is not None:
-                _rebind_hooked(_want([name], holder=None, at_first_call=True))
+                rebind_hooked(_want([name], holder=None, at_first_call=True))
 
 
 def _uninstall(state: _State) -> None:
@@ -773,33 +598,3 @@ def _uninstall(state: _State) -> None:
     if state.installed:
         _ledger.revert(state.pin, state.rows)
         state.installed = False
-
-
-HOOK_ATTRIBUTES = ("_old_forward", "forward")  # accelerate's add_hook_to_module / remove_hook_from_module
-
-
-def _rebind_hooked(installed: list[Patch]) -> None:
-    """Model instances that captured a class's original ``forward`` before hfpatch replaced it follow
-    the class.
-
-    accelerate's ``add_hook_to_module`` keeps ``module._old_forward``, a method bound to the class's
-    function of that moment, and ``remove_hook_from_module`` puts it back as the instance's own
-    ``forward``: a class patch alone would not reach those instances. They are rebound to hfpatch's
-    forward, which runs the original itself wherever hfpatch is not applied (so nothing rebinds them
-    back at ``revert()``, and the same function is installed again later). Found with one pass over the
-    garbage collector's objects (about 50 ms for a process with a few million objects), made when
-    ``apply()`` (or a module's import) installs a forward, or the first ``patched()`` block of an adapter
-    does, and only once ``accelerate.hooks`` has been imported: without it, nothing captures ``forward``
-    this way."""
-    swapped = {row.original: row.replacement for row in installed if row.attribute == "forward"}
-    if not swapped or "accelerate.hooks" not in sys.modules:
-        return
-    import gc
-
-    for obj in gc.get_objects():
-        if type(obj) is types.MethodType and obj.__func__ in swapped:
-            instance = obj.__self__
-            attributes = getattr(instance, "__dict__", None) or {}
-            for name in HOOK_ATTRIBUTES:
-                if attributes.get(name) is obj:
-                    attributes[name] = types.MethodType(swapped[obj.__func__], instance)

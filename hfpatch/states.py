@@ -1,0 +1,221 @@
+"""What ``hfpatch.status()`` returns: the state names, one model type's entry (:class:`AdapterStatus`) and
+the read-only mapping of them all with the process's counts (:class:`Status`), printed as a table. The
+engine fills them; this room holds no state of its own."""
+
+from __future__ import annotations
+
+import difflib
+import textwrap
+from collections.abc import Iterator, Mapping
+from types import MappingProxyType
+from typing import Any, NamedTuple, Optional
+
+from ._context import CALL, PACKED
+from .declarations import Undeclared
+from .support import Support, support
+
+__all__ = [
+    "APPLIED",
+    "CHECKING",
+    "NOT_APPLIED",
+    "PACKED_OFF",
+    "SKIPPED",
+    "WAITING",
+    "AdapterStatus",
+    "Status",
+    "adapter_status",
+    "nearest",
+    "packed_answer",
+    "packed_undeclared",
+]
+
+APPLIED = "applied"
+WAITING = "waiting for import"
+CHECKING = "waiting for its check"
+SKIPPED = "skipped"
+NOT_APPLIED = "not applied"
+
+
+class AdapterStatus(NamedTuple):
+    """One model type: its ``state`` (``applied``, ``waiting for import``, ``waiting for its check`` (a
+    class outside transformers defined after ``apply()``, until its first call), ``skipped``, ``not applied``;
+    or, for model types hfpatch does not patch, ``right on stock``, ``not fixable by positions``,
+    ``not covered``, ``through its language model``), why, the ``target`` and ``versions`` of the adapter
+    that patches it, its ``support`` on the installed release (``tested``, ``untested newer``,
+    ``known-bad``, ``unverified``, ``outside``; empty for model types without an adapter), and
+    ``packed``: whether a row packing several sequences (positions that restart) is kept to them
+    (``yes (eager, SDPA ...)``, ``no: why``; empty where no such row reaches it, or until its module is
+    imported)."""
+
+    arch: str
+    target: str
+    versions: str
+    state: str
+    reason: str
+    support: str
+    packed: str = ""
+
+
+class Status(Mapping):
+    """What ``hfpatch.status()`` returns: a read-only mapping from model type to its
+    :class:`AdapterStatus` (``status()["qwen2"].state``, ``"mamba" in status()``), plus the installed
+    ``transformers`` release and how hfpatch was applied (``applied_by``). ``print()`` it for a table."""
+
+    __slots__ = ("transformers", "applied_by", "shadow", "unpadded", "_entries")  # not a dataclass: ~1 ms
+
+    def __init__(
+        self,
+        transformers: Optional[str],
+        entries: tuple[AdapterStatus, ...],
+        applied_by: str = "",
+        shadow: Optional[Mapping[str, Any]] = None,
+        unpadded: Optional[Mapping[str, Any]] = None,
+    ) -> None:
+        self.transformers = transformers
+        # this process's hfpatch.shadow checks: rows ``checked``, ``mismatches``, the ``worst`` |difference|,
+        # and the calls it did not check, by reason (``skipped``; calls sampled out are not counted)
+        counts = dict(shadow or {"checked": 0, "mismatches": 0, "worst": 0.0, "skipped": {}})
+        counts["skipped"] = MappingProxyType(dict(counts.get("skipped", {})))
+        self.shadow = MappingProxyType(counts)
+        # apply(unpad=True): whether it is ``on``, the padded ``calls`` run on their real tokens, and those
+        # left padded, by reason (``padded``)
+        unpadded = dict(unpadded or {"on": False, "calls": 0, "padded": {}})
+        unpadded["padded"] = MappingProxyType(dict(unpadded.get("padded", {})))
+        self.unpadded = MappingProxyType(unpadded)
+        # "import hfpatch.auto", the launcher, the Ray setup hook, "hfpatch.apply() in this program", or
+        # "" where nothing applied hfpatch
+        self.applied_by = applied_by
+        self._entries = {entry.arch: entry for entry in entries}
+
+    @property
+    def adapters(self) -> tuple[AdapterStatus, ...]:
+        """Every entry, in registry order."""
+        return tuple(self._entries.values())
+
+    def __getitem__(self, arch: str) -> AdapterStatus:
+        try:
+            return self._entries[arch]
+        except (KeyError, TypeError):
+            hint = nearest(arch, list(self._entries)) if isinstance(arch, str) else ""
+            message = f"no model type {arch!r} known to hfpatch{hint}; print(hfpatch.status()) lists them"
+            raise KeyError(message) from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Status):
+            return NotImplemented
+        return (self.transformers, self.adapters) == (other.transformers, other.adapters)
+
+    def __repr__(self) -> str:
+        return f"Status(transformers={self.transformers!r}, adapters={self.adapters!r})"
+
+    def __str__(self) -> str:
+        """A table that fits 100 columns: a row per model type, its reason wrapped under it
+        (``status()[arch]`` has the target and versions too)."""
+        rows = [("arch", "state", "support", "packed")]
+        rows += [(a.arch, a.state, a.support, a.packed.split(" ")[0].rstrip(":")) for a in self.adapters]
+        widths = [max(len(row[i]) for row in rows) for i in range(4)]
+        widths[0] = min(widths[0], 40)  # a longer model type (a class of the user's) has a line of its own
+        lines = [f"transformers {self.transformers or 'not installed'}"]
+        if self.applied_by:
+            lines.append(f"applied by {self.applied_by}")
+        for row, entry in zip(rows, (None, *self.adapters)):
+            if len(row[0]) > widths[0]:
+                lines.append(row[0])
+                row = ("", *row[1:])
+            lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)))
+            if entry is not None and entry.reason:
+                lines += textwrap.wrap(entry.reason, 100, initial_indent="    ", subsequent_indent="    ")
+        if self.unpadded["on"] or self.unpadded["calls"]:
+            padded = sum(self.unpadded["padded"].values())
+            lines.append(
+                f"unpadded calls: {self.unpadded['calls']}"
+                + (f", {padded} left padded (status().unpadded['padded'] says why)" if padded else "")
+            )
+        if self.shadow["checked"] or self.shadow["skipped"]:
+            skipped = sum(self.shadow["skipped"].values())
+            lines.append(
+                f"shadow checks: {self.shadow['checked']} rows, {self.shadow['mismatches']} mismatches"
+                + (f", {skipped} calls not checked (status().shadow['skipped'] says why)" if skipped else "")
+            )
+        lines.append("Patch before torch.compile, or call torch._dynamo.reset() after apply()/revert().")
+        return "\n".join(line.rstrip() for line in lines)
+
+
+def nearest(name: str, known: list[str]) -> str:
+    """`` (did you mean a or b?)`` for the known names closest to ``name`` (ignoring case), or ``""``."""
+    lower = {k.lower(): k for k in known}
+    close = [lower[c] for c in difflib.get_close_matches(name.lower(), list(lower), n=3)]
+    return f" (did you mean {' or '.join(close)}?)" if close else ""
+
+
+def adapter_status(state: Any, version: Any) -> AdapterStatus:
+    """One adapter's entry, from what the engine knows of it (its ``_State``) and this thread's choice."""
+    adapter = state.adapter
+    verdict = support(adapter, version)
+    if state.forced and not verdict.patchable:
+        verdict = Support(verdict.level, f"patched with apply(..., ignore_ranges=True); {verdict.reason}")
+    if state.check_reason:
+        verdict = Support(verdict.level, f"{verdict.reason}; {state.check_reason}")
+    here = (CALL.overrides or {}).get(adapter.arch)  # this thread's patched()/unpatched() choice, if any
+    if state.pin.awaiting is not None and here is None:
+        entry = (
+            CHECKING,
+            "defined after apply(): checked on a tiny copy at its first call, patched if exact",
+        )
+    elif state.installed and (state.pin.pinned if here is None else here):
+        entry = (APPLIED, verdict.reason)
+    elif state.skip_reason is not None:
+        entry = (SKIPPED, state.skip_reason)
+    elif here is False:
+        entry = (NOT_APPLIED, "stock in this thread: inside hfpatch.unpatched()")
+    elif state.wanted and not state.installed:
+        entry = (WAITING, f"patched when {adapter.module} is imported; {verdict.reason}")
+    elif state.installed:
+        entry = (NOT_APPLIED, "patched only inside other threads' hfpatch.patched() blocks")
+    else:
+        entry = (NOT_APPLIED, "hfpatch.apply() has not been called (or revert() was)")
+    return AdapterStatus(
+        adapter.arch, adapter.target, adapter.versions, *entry, verdict.level, packed_answer(state, entry[0])
+    )
+
+
+PACKED_OFF = "no: left to stock (apply(packed=False), or HFPATCH_PACKED=0)"
+
+
+def packed_answer(state: Any, how: str) -> str:
+    """Whether a packed row of the adapter's class is kept to its sequences now: its patch's answer where
+    it is applied (``yes (attentions)``, ``no: why``), else no, and why."""
+    if not PACKED[0]:
+        return PACKED_OFF
+    if how != APPLIED:
+        declared = state.adapter.packed
+        why = (
+            declared.removeprefix("no: ")
+            if declared and declared.startswith("no")
+            else f"not patched ({how})"
+        )
+        return f"no: {why}"
+    return getattr(state.rows[0].replacement, "__hfpatch_packed__", "")
+
+
+def packed_undeclared(entry: Undeclared, answers: Mapping[str, str]) -> str:
+    """A model type hfpatch does not patch keeps its packed rows as stock does: not to their sequences
+    (where its class is watched, a packed call warns); a wrapper whose language model a patched class
+    runs, as that one does."""
+    if not PACKED[0]:
+        return PACKED_OFF
+    if entry.packed:
+        return f"{entry.packed} (a packed call warns)" if entry.watched else entry.packed
+    own = answers.get(entry.language_model or "")
+    if not own:
+        return "no: hfpatch does not patch it"
+    name = entry.language_model
+    if own.startswith("yes"):
+        return f"yes: by its language model, which the {name!r} adapter patches {own[3:].strip()}"
+    return f"no: its language model's ({name!r}): {own.removeprefix('no: ')}"
