@@ -124,7 +124,7 @@ def laid_out(kwargs: dict) -> Optional[tuple[dict, Layout]]:
     if given is None:
         positions = layout.gather(positions_from_mask(mask))
     else:
-        positions = layout.gather(given.expand(batch, length).reshape(batch, length, 1))[..., 0]
+        positions = layout.gather(given.expand(batch, length))
         first = torch.ones_like(rows, dtype=torch.bool)
         first[1:] = rows[1:] != rows[:-1]
         runs_on = positions[0, 1:] == positions[0, :-1] + 1

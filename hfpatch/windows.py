@@ -44,13 +44,13 @@ __all__ = [
     "MaskPlan",
     "apply_masks",
     "configured_window",
-    "whole_cache",
     "layer_types",
     "mask_plan",
     "packed_not_kept",
     "positional",
     "smallest_window",
     "text_config",
+    "whole_cache",
     "window_of",
 ]
 
@@ -236,11 +236,11 @@ def apply_masks(
 
 
 def _by_lengths(kwargs: dict, mask: torch.Tensor, segment_ids: torch.Tensor) -> bool:
-    """A packed row for flash attention: no mask (it would unpad each row as one sequence), the sequences
-    by their lengths over the flattened rows instead (transformers' own packed path reads the positions,
-    which some models do not hand their attention) (``cu_seq_lens_q/k``, ``max_length_q/k``; each run
-    of pads a sequence of its own, never attended by a real token). False (left to stock) where a pad
-    sits inside a sequence: the lengths cannot skip it."""
+    """A packed row for flash attention: no mask (it would unpad each row as one sequence), and the
+    sequences by their lengths over the flattened rows instead, ``cu_seq_lens_q/k`` and ``max_length_q/k``
+    (transformers' own packed path reads the positions, which some models do not hand their attention);
+    each run of pads is a sequence of its own, never attended by a real token. False (left to stock)
+    where a pad sits inside a sequence: the lengths cannot skip it."""
     cu_seq_lens, pieces = sequence_lengths(segment_ids, mask)
     if pieces:
         return False
