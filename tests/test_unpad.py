@@ -357,3 +357,26 @@ def test_a_sliding_window_cache_is_kept_whole_and_continued():
         second = model(input_ids=more, attention_mask=mask, **{cache_kwarg(model): cache}).logits
     for r, row in enumerate(rows):
         assert (second[r] - run_alone(model, [*row, *more[r].tolist()])[-2:]).abs().max() <= TOLERANCE
+
+
+def test_the_callers_positions(arch):
+    """Positions the caller gives (as generate() gives them: each row from 0, a pad repeating one) are
+    used at the real tokens; positions that run on from one row into the next keep the padded path
+    (one packed row could not tell the rows apart)."""
+    model = tiny(arch)
+    kwargs, right = batch(ROWS, left=True), batch(ROWS)
+    mask = kwargs["attention_mask"]
+    mine = (mask.cumsum(-1) - 1).clamp(min=0)
+    # right-padded rows numbered on: row r's first real token follows row r - 1's last
+    runs_on = (right["attention_mask"].reshape(-1).cumsum(0) - 1).view(mask.shape)
+    with torch.no_grad():
+        want = model(**kwargs, position_ids=mine).logits
+        padded_on = model(**right, position_ids=runs_on).logits
+        before = dict(UNPADDED["padded"])
+        with unpadded():
+            got = model(**kwargs, position_ids=mine).logits
+            assert torch.equal(model(**right, position_ids=runs_on).logits, padded_on)
+    for r in range(len(ROWS)):
+        assert (real(got, mask, r) - real(want, mask, r)).abs().max() <= TOLERANCE
+    reason = "the caller's positions run on from one row into the next"
+    assert UNPADDED["padded"].get(reason, 0) == before.get(reason, 0) + 1
