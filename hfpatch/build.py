@@ -28,7 +28,7 @@ from . import caches
 from ._context import CarryContext, Pin, SdpaSwitch, Users
 from .declarations import Adapter
 from .decoders import HANDS_TO, receiver
-from .forward import make_forward, recording_generated_masks, unpads_here
+from .forward import make_forward, packed_support, recording_generated_masks, unpads_here
 from .packed import by_sequence_sdpa, handing_on, task_heads, warning_of_packed_rows
 from .patches import ABSENT, Patch
 from .plans import read_plan
@@ -58,7 +58,10 @@ def build(adapter: Adapter, module: Any, pin: Pin) -> tuple[Patch, ...]:
         return tuple(
             Patch(cls, "forward", old, warning_of_packed_rows(adapter, old, pin)) for cls, old in found
         )
-    plan = read_plan(adapter, original, owner, handed=any(h.drops and not h.takes_positions for h in heads))
+    plan = read_plan(adapter, original, owner)
+    keeps = adapter.packed is None and packed_support(adapter, plan).startswith("yes")  # its packed rows
+    if keeps and any(head.drops and not head.takes_positions for head in heads):
+        plan = plan._replace(handed=True)  # (positions its heads drop reach its forward: CALL.handed)
     rows = [Patch(owner, "forward", original, make_forward(adapter, original, plan, pin))]
     for name in adapter.also:
         cls = getattr(module, name, None)
@@ -92,8 +95,9 @@ def build(adapter: Adapter, module: Any, pin: Pin) -> tuple[Patch, ...]:
     if attention is not None:
         rows.append(attention)
     unpads = unpads_here(adapter, plan)
-    for head in heads:
-        replacement = handing_on(head.forward, pin, head.takes_positions) if head.drops else head.forward
+    for head in heads:  # (where they are not kept, a head that drops a packed row's inputs drops them)
+        hands_on = head.drops and keeps
+        replacement = handing_on(head.forward, pin, head.takes_positions) if hands_on else head.forward
         if unpads and head.labels:  # apply(unpad=True): a causal LM's head unpadded, any head's labels read
             replacement = gate(replacement, pin, plan.masks, plan.cache_kw, causal_lm_head(head.cls))
         if replacement is not head.forward:

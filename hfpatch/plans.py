@@ -45,12 +45,9 @@ class Plan(NamedTuple):
     handed: bool = False  # a task head hands it positions it drops itself (``CALL.handed``: 5.x's BLOOM)
 
 
-def read_plan(
-    adapter: Adapter, forward: Callable, owner: Optional[type] = None, handed: bool = False
-) -> Plan:
+def read_plan(adapter: Adapter, forward: Callable, owner: Optional[type] = None) -> Plan:
     """Read ``forward``'s signature (``owner``: its class); ``TypeError`` saying what is missing if it is
-    not the expected one. ``handed``: a task head of its module hands it the caller's positions through
-    the call's context (:func:`hfpatch.packed.handing_on`)."""
+    not the expected one (``Plan.handed`` is build's to set: it reads the module's task heads)."""
     try:
         params = list(inspect.signature(forward).parameters.values())
     except (TypeError, ValueError) as exc:
@@ -93,7 +90,6 @@ def read_plan(
         if owner is None or (family.hands_to and not family.from_mask)
         else mask_plan(owner, not family.seq2seq),
         ids_rank=family.ids_rank,
-        handed=handed,
     )
 
 

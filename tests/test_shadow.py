@@ -245,14 +245,18 @@ def test_calls_with_labels_are_checked_and_what_is_let_go_is_counted():
     ids = torch.randint(5, 60, (2, 5), generator=torch.Generator().manual_seed(0))
     labels = ids.masked_fill(LEFT == 0, -100)
     before = dict(hfpatch.status().shadow["skipped"])
+    counted = 2
     with torch.no_grad(), hfpatch.unpatched(), pytest.warns(hfpatch.ShadowMismatch):
         with hfpatch.shadow(rate=1.0) as report:
             model(input_ids=ids, attention_mask=LEFT, labels=labels)
-            model(input_ids=ids, attention_mask=LEFT, labels=labels, num_items_in_batch=torch.tensor(6))
+            try:
+                model(input_ids=ids, attention_mask=LEFT, labels=labels, num_items_in_batch=torch.tensor(6))
+            except TypeError:  # a release whose heads take no num_items_in_batch (before 4.46)
+                counted = 1
             model.train()
             model(input_ids=ids, attention_mask=LEFT, labels=labels)  # dropout: not checked
             model.eval()
-    assert report.checked == 4 and report.mismatches == 2, report
+    assert report.checked == 2 * counted and report.mismatches == counted, report
     assert report.skipped == {"training mode (dropout)": 1}, report
     after = hfpatch.status().shadow["skipped"]
     assert after["training mode (dropout)"] == before.get("training mode (dropout)", 0) + 1
