@@ -265,6 +265,7 @@ def test_compiled_positions_on_a_model_that_keeps_no_packed_rows_say_nothing(rec
     model = tiny_model("recurrent_gemma", attention="eager")
     kwargs = _left_padded(seed=46)
     kwargs["position_ids"] = new_token_positions(kwargs["attention_mask"], 5)
+    kwargs["use_cache"] = False  # (its recurrent state kept between calls would tell them apart)
     counter = CompileCounter()
     with torch.no_grad():
         with reverted():  # compiled stock (4.57's compiled RecurrentGemma differs from its eager calls)
@@ -272,5 +273,5 @@ def test_compiled_positions_on_a_model_that_keeps_no_packed_rows_say_nothing(rec
         torch._dynamo.reset()
         got = torch.compile(model, fullgraph=True, backend=counter)(**kwargs).logits
     assert counter.frame_count == 1
-    assert torch.equal(got, want)
+    assert (got - want).abs().max().item() <= TOLERANCE  # (compiled graphs: fp32 rounding apart)
     assert not [w for w in recwarn if "hfpatch" in str(w.message)], [str(w.message) for w in recwarn]
