@@ -19,6 +19,7 @@ that runs inside a call reads it from here.
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Callable
 from typing import Any, Optional
 
@@ -114,6 +115,18 @@ def close_block(previous: Optional[dict[str, bool]]) -> None:
         if not _blocks[0]:
             for pin in _PINS:
                 pin.fast = pin._pinned
+
+
+WARNED: set[tuple[str, ...]] = set()  # the keys of the warnings given once in this process
+
+
+def warn_once(key: tuple[str, ...], message: str, stacklevel: int) -> None:
+    """A ``RuntimeWarning`` the first time ``key`` is seen in this process (``stacklevel`` as the caller
+    would give ``warnings.warn``)."""
+    if key in WARNED:
+        return
+    WARNED.add(key)
+    warnings.warn(message, RuntimeWarning, stacklevel=stacklevel + 1)
 
 
 PACKED = [True]  # packed rows kept to their sequences (apply(packed=...)); a list, read at each call

@@ -23,16 +23,25 @@ import functools
 import os
 import sys
 import threading
-import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any, Optional, Union
 
 from . import custom
-from ._context import PACKED, UNPAD, UNPADDED, Pin, close_block, open_block, read_packed, read_unpad
+from ._context import (
+    PACKED,
+    UNPAD,
+    UNPADDED,
+    Pin,
+    close_block,
+    open_block,
+    read_packed,
+    read_unpad,
+    warn_once,
+)
 from .adapters import ADAPTERS, UNDECLARED
-from .declarations import NOT_COVERED, Adapter, Undeclared
+from .declarations import Adapter, Undeclared
 from .hooks import rebind_hooked
 from .observers import SHADOW_COUNTS
 from .patches import ABSENT, Ledger, Patch
@@ -44,16 +53,12 @@ from .states import (
     WAITING,
     AdapterStatus,
     Status,
-    adapter_status,
     nearest,
-    packed_undeclared,
+    table,
 )
 from .support import (
-    CUSTOM,
     NEWEST_TESTED,
     UNTESTED_NEWER,
-    UNVERIFIED,
-    in_range,
     installed_transformers,
     support,
 )
@@ -127,7 +132,6 @@ _states: dict[str, _State] = {}
 _left_alone: dict[str, str] = {}  # classes outside transformers that look like decoders, not patched: why
 _seen: weakref.WeakSet[type] = weakref.WeakSet()  # subclasses of PreTrainedModel looked at
 _ledger = Ledger()
-_warned: set[str] = set()  # warnings already given in this process
 _applied_by: list[str] = []  # how apply() was called in this process, when not by the program itself
 _environment_read: list[bool] = []  # HFPATCH_PACKED and HFPATCH_UNPAD read (by the first apply())
 
@@ -281,20 +285,15 @@ def _want(
     declared = {name for name in names if _states[name].owner is None and name in _registry}
     if declared and declared <= {name for name, _ in refused}:
         reasons = "; ".join(dict.fromkeys(why for name, why in refused if name in declared))
-        _warn_once("nothing", f"hfpatch patches nothing for transformers {version}: {reasons}")
+        warn_once(("nothing",), f"hfpatch patches nothing for transformers {version}: {reasons}", 3)
     if untested:
-        _warn_once(
-            "untested",
+        warn_once(
+            ("untested",),
             f"hfpatch is not tested with transformers {version} (newest tested: {NEWEST_TESTED}): "
             f"{len(untested)} model types patched as their signatures match; hfpatch.status() lists them",
+            3,
         )
     return installed
-
-
-def _warn_once(key: str, message: str) -> None:
-    if key not in _warned:
-        _warned.add(key)
-        warnings.warn(message, RuntimeWarning, stacklevel=4)
 
 
 def revert(archs: Archs = None) -> Status:
@@ -391,31 +390,11 @@ def status() -> Status:
     """Every model type hfpatch knows: its state and, where it is not patched, why."""
     with _lock:
         version = installed_transformers()
-        entries = []
-        for name, adapter in _registry.items():
-            entry = adapter_status(_states[name], version)
-            entries.append(entry)
-            since = dict(adapter.alias_since)
-            for alias in adapter.aliases:
-                reason = f"runs {adapter.cls}, patched by the {name!r} adapter; {entry.reason}"
-                alias_entry = entry._replace(arch=alias, reason=reason)
-                if alias in since and version is not None and not in_range(f">={since[alias]}", version):
-                    reason += f"; {alias} is unverified before {since[alias]} (its tiny model builds there)"
-                    alias_entry = alias_entry._replace(reason=reason, support=UNVERIFIED)
-                entries.append(alias_entry)
-        answers = {entry.arch: entry.packed for entry in entries}
-        entries += [
-            AdapterStatus(u.arch, "", "", u.verdict, u.reason, "", packed_undeclared(u, answers))
-            for u in _undeclared.values()
-        ]
-        entries += [
-            AdapterStatus(arch, "", "", NOT_COVERED, why, CUSTOM, "no: hfpatch does not patch it")
-            for arch, why in _left_alone.items()
-        ]
+        entries = table(_registry, _states, _undeclared, _left_alone, version)
         pinned = any(state.pin.pinned for state in _states.values())
         how = "; ".join(_applied_by) or ("hfpatch.apply() in this program" if pinned else "")
         unpadded = {"on": UNPAD[0], **UNPADDED}
-        return Status(str(version) if version else None, tuple(entries), how, SHADOW_COUNTS, unpadded)
+        return Status(str(version) if version else None, entries, how, SHADOW_COUNTS, unpadded)
 
 
 def applied_by(how: str) -> None:

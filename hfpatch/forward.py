@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import warnings
 from collections.abc import Callable
 from typing import Any, Optional, Union
 
@@ -40,7 +39,7 @@ from torch import Tensor
 
 from . import caches
 from ._compat import CACHE_NAMES
-from ._context import CALL, PACKED, UNPAD, Pin, patched_here
+from ._context import CALL, PACKED, UNPAD, Pin, patched_here, warn_once
 from .caches import CAPACITY
 from .declarations import Adapter
 from .decoders import call_with_positions
@@ -51,7 +50,7 @@ from .positions import cache_positions, has_holes, new_token_positions
 from .unpad import PADDED, has_padding, unpadding
 from .windows import MASK_FUNCTIONS, NO_4D_MASK, MaskPlan, apply_masks, configured_window, packed_not_kept
 
-__all__ = ["LeaveToStock", "make_forward", "recording_generated_masks", "warn_once", "watched"]
+__all__ = ["LeaveToStock", "make_forward", "recording_generated_masks", "warn_left_to_stock", "watched"]
 
 Past = Union[int, torch.Tensor]  # cached tokens before this call: an int, or a 0-d tensor (static caches)
 # what a filler derived positions from: (the 2-D mask, new tokens, where they start: an int (the mask's
@@ -141,7 +140,7 @@ def make_forward(adapter: Adapter, original: Callable, plan: Plan, pin: Pin) -> 
                 if windowed or given_positions.__class__ is not Tensor or given_positions.shape[-1] > 1:
                     packed = given_masks(self, adapter, plan, kwargs, cache)
         except LeaveToStock as exc:
-            warn_once(arch, str(exc))
+            warn_left_to_stock(arch, str(exc))
             return original(self, **given)
         if family is not None:  # handed to the position module instead (hfpatch.decoders)
             return call_with_positions(self, family, original, kwargs, derived[0] if derived else packed)
@@ -157,25 +156,17 @@ def make_forward(adapter: Adapter, original: Callable, plan: Plan, pin: Pin) -> 
 class LeaveToStock(ValueError):
     """A call hfpatch cannot derive positions for (a mask that does not fit it, a ``cache_position``
     that contradicts the cache): the patched forward runs it as stock transformers does, unchanged, and
-    says why once (:func:`warn_once`). Stock's own errors are stock's: a call stock runs never raises
+    says why once (:func:`warn_left_to_stock`). Stock's own errors are stock's: a call stock runs never raises
     because of hfpatch."""
 
 
-def warn_once(arch: str, why: str) -> None:
-    """A ``RuntimeWarning`` once per model type and kind of call left to stock."""
-    key = (arch, why.split()[0])  # the argument it names
-    if key in _LEFT:
-        return
-    _LEFT.add(key)
-    warnings.warn(
+def warn_left_to_stock(arch: str, why: str) -> None:
+    """A ``RuntimeWarning`` once per model type and kind of call left to stock (the argument it names)."""
+    message = (
         f"hfpatch: {arch}: {why}; this call runs as stock transformers runs it (positions by cache column), "
-        "and later ones like it without a word",
-        RuntimeWarning,
-        stacklevel=4,
+        "and later ones like it without a word"
     )
-
-
-_LEFT: set[tuple[str, str]] = set()
+    warn_once(("left to stock", arch, why.split()[0]), message, stacklevel=4)
 
 
 def unpads_here(adapter: Adapter, plan: Plan) -> bool:

@@ -28,7 +28,6 @@ import ast
 import functools
 import inspect
 import textwrap
-import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple, Optional
 
@@ -36,7 +35,7 @@ import torch
 from torch import Tensor
 
 from . import caches
-from ._context import CALL, PACKED, Pin, Users, patched_here
+from ._context import CALL, PACKED, Pin, Users, patched_here, warn_once
 from .patches import Ledger, Patch
 from .positions import positions_in_segments, restarts, segments, segments_from_lengths
 
@@ -214,20 +213,12 @@ def warning_of_packed_rows(adapter: Any, original: Callable, pin: Pin) -> Callab
 
 def warn_not_kept(arch: str, why: str) -> None:
     """Once per model type and reason: a packed row left as stock runs it."""
-    key = (arch, why)
-    if key in _WARNED:
-        return
-    _WARNED.add(key)
-    warnings.warn(
+    message = (
         f"hfpatch: a packed row of {arch} (position_ids that restart) is not kept to its sequences: {why}; "
         "each sequence sees the ones before it, as on stock (hfpatch.status() says where packed rows are "
-        "kept)",
-        RuntimeWarning,
-        stacklevel=5,
+        "kept)"
     )
-
-
-_WARNED: set[tuple[str, str]] = set()
+    warn_once(("packed row", arch, why), message, stacklevel=5)
 
 
 # --- SDPA, one sequence at a time -----------------------------------------------------------------

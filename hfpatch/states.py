@@ -11,8 +11,8 @@ from types import MappingProxyType
 from typing import Any, NamedTuple, Optional
 
 from ._context import CALL, PACKED
-from .declarations import Undeclared
-from .support import Support, support
+from .declarations import NOT_COVERED, Adapter, Undeclared
+from .support import CUSTOM, UNVERIFIED, Support, in_range, support
 
 __all__ = [
     "APPLIED",
@@ -27,6 +27,7 @@ __all__ = [
     "nearest",
     "packed_answer",
     "packed_undeclared",
+    "table",
 ]
 
 APPLIED = "applied"
@@ -219,3 +220,36 @@ def packed_undeclared(entry: Undeclared, answers: Mapping[str, str]) -> str:
     if own.startswith("yes"):
         return f"yes: by its language model, which the {name!r} adapter patches {own[3:].strip()}"
     return f"no: its language model's ({name!r}): {own.removeprefix('no: ')}"
+
+
+def table(
+    registry: Mapping[str, Adapter],
+    states: Mapping[str, Any],
+    undeclared: Mapping[str, Undeclared],
+    left_alone: Mapping[str, str],
+    version: Any,
+) -> tuple[AdapterStatus, ...]:
+    """Every model type's entry: each adapter's (:func:`adapter_status`) and its aliases', the model
+    types hfpatch does not patch, and the classes outside transformers it left alone (and why)."""
+    entries = []
+    for name, adapter in registry.items():
+        entry = adapter_status(states[name], version)
+        entries.append(entry)
+        since = dict(adapter.alias_since)
+        for alias in adapter.aliases:
+            reason = f"runs {adapter.cls}, patched by the {name!r} adapter; {entry.reason}"
+            alias_entry = entry._replace(arch=alias, reason=reason)
+            if alias in since and version is not None and not in_range(f">={since[alias]}", version):
+                reason += f"; {alias} is unverified before {since[alias]} (its tiny model builds there)"
+                alias_entry = alias_entry._replace(reason=reason, support=UNVERIFIED)
+            entries.append(alias_entry)
+    answers = {entry.arch: entry.packed for entry in entries}
+    entries += [
+        AdapterStatus(u.arch, "", "", u.verdict, u.reason, "", packed_undeclared(u, answers))
+        for u in undeclared.values()
+    ]
+    entries += [
+        AdapterStatus(arch, "", "", NOT_COVERED, why, CUSTOM, "no: hfpatch does not patch it")
+        for arch, why in left_alone.items()
+    ]
+    return tuple(entries)

@@ -21,7 +21,7 @@ from probes import Probe
 
 import hfpatch
 from compat.vocabulary import ABSENT, CLASS_DIFFERS, FLAGSHIPS, OUTSIDE
-from hfpatch import engine
+from hfpatch import _context, engine
 from hfpatch._compat import attaches_static_caches
 from hfpatch.plans import Plan, read_plan
 from hfpatch.support import installed_transformers, release_has, support
@@ -207,6 +207,12 @@ def _applied() -> Iterator[None]:
     hfpatch.apply()
     yield
     hfpatch.apply()
+
+
+@pytest.fixture
+def fresh_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The warnings hfpatch gives once per process, given again in this test (and forgotten after it)."""
+    monkeypatch.setattr(_context, "WARNED", set())
 
 
 def stock() -> contextlib.AbstractContextManager:

@@ -12,7 +12,6 @@ import pytest
 import torch
 
 import hfpatch
-from hfpatch import forward as forward_module
 
 from conftest import static_cache_skip_reason
 from harness import cache_kwarg, output_cache, random_rows, static_cache
@@ -21,12 +20,8 @@ pytestmark = pytest.mark.invariant("I7")  # compat/REPORT.md's column
 
 
 @pytest.fixture(autouse=True)
-def fresh_warnings():
+def _fresh(fresh_warnings):
     """hfpatch says once per process what it leaves to stock: said again in each test here."""
-    before = set(forward_module._LEFT)
-    forward_module._LEFT.clear()
-    yield
-    forward_module._LEFT.update(before)
 
 
 def _prefix(model):

@@ -201,16 +201,14 @@ def test_removed_release_consistent_cache_position_is_honoured(model, arch):
 
 
 @pytest.mark.parametrize("with_mask", [False, True])
+@pytest.mark.usefixtures("fresh_warnings")
 def test_removed_release_contradicting_cache_position_is_left_to_stock(model, arch, with_mask):
     """A cache_position that contradicts the cache, on a release that removed the parameter: hfpatch
     cannot place the new tokens by it, says so, and the call runs as stock runs it (which ignores it)."""
     from test_bad_input import left_to_stock
 
-    from hfpatch import forward as forward_module
-
     _needs_removed(model, arch)
     (row,) = random_rows([4], seed=3)
-    forward_module._LEFT.clear()
 
     def kwargs():
         with torch.no_grad():
@@ -239,15 +237,13 @@ def test_cache_under_either_name(model):
         assert (logits - reference[3:]).abs().max().item() <= TOLERANCE, names
 
 
+@pytest.mark.usefixtures("fresh_warnings")
 def test_two_different_caches_are_left_to_stock(model):
     """`cache=` and `past_key_values=` naming two different caches: hfpatch cannot tell which the caller
     means, says so, and the call gets what stock does with both (its choice, or its error)."""
     from test_bad_input import left_to_stock
 
-    from hfpatch import forward as forward_module
-
     rows = random_rows([3], seed=8)
-    forward_module._LEFT.clear()
 
     def kwargs():
         with torch.no_grad():

@@ -13,7 +13,7 @@ import torch
 from packaging.version import Version
 
 import hfpatch
-from hfpatch import engine
+from hfpatch import _context, engine
 from hfpatch.verification.tiny import tiny_model
 
 from harness import SCRIPT_18104, TOLERANCE, WRONG, max_diff, random_rows, run_alone, run_padded
@@ -157,7 +157,7 @@ def test_signature_mismatch_is_skipped_and_the_model_still_works(model, arch):
 def test_release_outside_every_gate_patches_nothing_and_warns_once(monkeypatch):
     hfpatch.revert()
     monkeypatch.setattr(engine, "installed_transformers", lambda: Version("4.10.0"))
-    monkeypatch.setattr(engine, "_warned", set())
+    monkeypatch.setattr(_context, "WARNED", set())
     with pytest.warns(RuntimeWarning, match="patches nothing for transformers 4.10.0"):
         status = hfpatch.apply()
     with warnings.catch_warnings():
@@ -174,7 +174,7 @@ def test_release_outside_every_gate_patches_nothing_and_warns_once(monkeypatch):
 def test_untested_newer_release_is_patched_with_a_warning(model, arch, monkeypatch):
     hfpatch.revert()
     monkeypatch.setattr(engine, "installed_transformers", lambda: Version("9.1.0"))
-    monkeypatch.setattr(engine, "_warned", set())
+    monkeypatch.setattr(_context, "WARNED", set())
     with pytest.warns(RuntimeWarning, match="not tested with transformers 9.1.0"):
         status = hfpatch.apply()
     assert status[arch].state == "applied" and status[arch].support == "untested newer"
@@ -186,7 +186,7 @@ def test_untested_newer_release_is_patched_with_a_warning(model, arch, monkeypat
 
 def test_known_bad_release_is_skipped_with_its_reason(model, arch, monkeypatch):
     hfpatch.revert()
-    monkeypatch.setattr(engine, "_warned", set())
+    monkeypatch.setattr(_context, "WARNED", set())
     original = _owner(model).__dict__["forward"]
     state = engine._states[arch]
     bad = state.adapter._replace(known_bad=((">=4.0", "an upstream bug; upgrade to X"),))

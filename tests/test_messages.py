@@ -12,7 +12,7 @@ import pytest
 from packaging.version import Version
 
 import hfpatch
-from hfpatch import engine
+from hfpatch import _context, engine
 
 from conftest import TF
 
@@ -39,7 +39,7 @@ def test_status_of_an_unknown_type_is_one_short_line():
 def test_a_newer_release_warns_in_one_short_line(monkeypatch):
     hfpatch.revert()
     monkeypatch.setattr(engine, "installed_transformers", lambda: Version("9.1.0"))
-    monkeypatch.setattr(engine, "_warned", set())
+    monkeypatch.setattr(_context, "WARNED", set())
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         hfpatch.apply()

@@ -20,7 +20,7 @@ from packaging.version import Version
 from test_unchanged import same_as_stock
 
 import hfpatch
-from hfpatch import packed as packed_module
+from hfpatch import _context
 
 from conftest import REGISTRY, TF, make_dynamic_cache, spying, stock
 from expectations import PACKED_FROM
@@ -83,15 +83,6 @@ def tiny(arch: str, attention: str, **sizes):
 @pytest.fixture(params=["eager", "sdpa"])
 def attention(request) -> str:
     return request.param
-
-
-@pytest.fixture
-def fresh_warnings():
-    """The warnings hfpatch gives once per process, given again in this test."""
-    before = set(packed_module._WARNED)
-    packed_module._WARNED.clear()
-    yield
-    packed_module._WARNED.update(before)
 
 
 LAYOUTS = {
@@ -338,7 +329,7 @@ def test_recurrent_blocks_are_declared(fresh_warnings):
         model(**kwargs)
     if "position_ids" not in seen[-1]:
         pytest.skip(f"{type(model).__name__} hands no position_ids to its base model in transformers {TF}")
-    packed_module._WARNED.clear()  # (the look above was warned of)
+    _context.WARNED.clear()  # (the look above was warned of)
     with pytest.warns(RuntimeWarning, match="recurrent blocks"):
         assert same_as_stock(lambda: [model(**kwargs).logits]) == "ok"
 
