@@ -2,7 +2,7 @@
 
     python compat/count_cases.py OUT.json [--cases 40]
 
-The same cases (fixed seeds, ``tests/harness.py``'s ``random_case``: the property tests' generator) on every
+The same cases (fixed seeds, ``compat/cases.py``'s ``random_case``: the property tests' generator) on every
 release, for the flagship architectures: a batch of 1-3 rows, 1-3 KV-cached calls, 0-4 new tokens
 per row and call, each row padded left or right per call. A case is wrong when some real
 token's logits differ from the row run alone, unpadded, by more than 1e-5.
@@ -20,14 +20,12 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))  # its cases: the property tests' generator
 
 import hfpatch  # noqa: E402
+from compat.cases import TOLERANCE, max_diff, random_case, run_padded  # noqa: E402
 from compat.vocabulary import FLAGSHIPS  # noqa: E402
 from hfpatch.support import release_has  # noqa: E402
 from hfpatch.verification.tiny import tiny_model  # noqa: E402
-
-from harness import TOLERANCE, max_diff, random_case, run_padded  # noqa: E402
 
 
 def count(arch: str, cases: int) -> dict[str, int]:

@@ -31,20 +31,20 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple, Optional
 
+from ._context import Pin
 from .declarations import Adapter, Family
-from .patches import ABSENT
+from .patches import ABSENT, Ledger, Patch
 
 __all__ = [
     "CHECKS",
     "CUSTOM",
     "Checks",
     "Recognised",
+    "Watch",
     "check_classes_with",
     "namespace",
     "pretrained_model",
     "recognise",
-    "subclass_hook",
-    "unseen_subclasses",
 ]
 
 CUSTOM = Family("custom")  # takes position_ids, as transformers' own decoders do
@@ -181,20 +181,62 @@ def pretrained_model() -> Optional[type]:
     return getattr(module, "PreTrainedModel", None)
 
 
-def unseen_subclasses(seen: Any) -> Iterator[type]:
-    """Every subclass of ``PreTrainedModel`` not in ``seen`` yet (added to it as it is yielded)."""
-    base = pretrained_model()
-    stack = list(type.__subclasses__(base)) if base is not None else []
-    while stack:
-        cls = stack.pop()
-        stack.extend(type.__subclasses__(cls))
-        if cls not in seen:
-            seen.add(cls)
-            yield cls
+class Watch:
+    """While ``apply()`` holds, a subclass of ``PreTrainedModel`` defined later (a remote-code module
+    imported, a class in the user's program) is handed to ``on_class`` when it is created:
+    ``PreTrainedModel.__init_subclass__`` replaced (a row of the engine's ledger, under its own pin),
+    now if transformers is imported, else when it is (a post-import hook, registered once: wrapt keeps
+    hooks for good). ``on_class`` runs with the engine's ``lock`` held, once per class (:meth:`unseen`
+    yields the others); :meth:`start` and :meth:`stop` are called with it held."""
+
+    def __init__(self, ledger: Ledger, lock: Any, on_class: Callable[[type], None]) -> None:
+        self.pin = Pin("classes defined after apply()")
+        self._ledger, self._lock, self._on_class = ledger, lock, on_class
+        self._hooked = False
+        self._seen: weakref.WeakSet[type] = weakref.WeakSet()  # subclasses of PreTrainedModel looked at
+
+    def unseen(self) -> Iterator[type]:
+        """Every subclass of ``PreTrainedModel`` not looked at yet (marked as it is yielded)."""
+        base = pretrained_model()
+        stack = list(type.__subclasses__(base)) if base is not None else []
+        while stack:
+            cls = stack.pop()
+            stack.extend(type.__subclasses__(cls))
+            if cls not in self._seen:
+                self._seen.add(cls)
+                yield cls
+
+    def start(self) -> None:
+        self.pin.pinned = True
+        if pretrained_model() is not None:
+            self._install()
+        elif not self._hooked:
+            import wrapt
+
+            wrapt.register_post_import_hook(self._install, "transformers.modeling_utils")
+            self._hooked = True
+
+    def stop(self) -> None:
+        self.pin.pinned = False
+        self._ledger.revert(self.pin, self._ledger.installed_by(self.pin))
+
+    def _install(self, *_: Any) -> None:
+        with self._lock:
+            base = pretrained_model()
+            if base is not None and self.pin.pinned and not self._ledger.installed_by(self.pin):
+                original = base.__dict__.get("__init_subclass__", ABSENT)
+                hook = _subclass_hook(base, original, self._new)
+                self._ledger.install(self.pin, (Patch(base, "__init_subclass__", original, hook),))
+
+    def _new(self, cls: type) -> None:
+        with self._lock:
+            if self.pin.pinned and cls not in self._seen:
+                self._seen.add(cls)
+                self._on_class(cls)
 
 
-def subclass_hook(base: type, original: Any, on_class: Callable[[type], None]) -> classmethod:
-    """The ``__init_subclass__`` hfpatch puts on ``base`` (``PreTrainedModel``) while ``apply()`` holds:
+def _subclass_hook(base: type, original: Any, on_class: Callable[[type], None]) -> classmethod:
+    """The ``__init_subclass__`` :class:`Watch` puts on ``base`` (``PreTrainedModel``):
     the class's own (``original``, or ``object``'s), then ``on_class`` for a class outside transformers.
     Nothing it does may break the definition of a class."""
 

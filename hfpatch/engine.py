@@ -23,7 +23,6 @@ import functools
 import os
 import sys
 import threading
-import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any, Optional, Union
@@ -44,7 +43,7 @@ from .adapters import ADAPTERS, UNDECLARED
 from .declarations import Adapter, Undeclared
 from .hooks import rebind_hooked
 from .observers import SHADOW_COUNTS
-from .patches import ABSENT, Ledger, Patch
+from .patches import Ledger, Patch
 from .states import (
     APPLIED,
     CHECKING,
@@ -130,7 +129,6 @@ _watched: list[str] = []  # model types hfpatch does not patch whose class warns
 _aliases: dict[str, str] = {}  # model type -> the adapter that patches its class
 _states: dict[str, _State] = {}
 _left_alone: dict[str, str] = {}  # classes outside transformers that look like decoders, not patched: why
-_seen: weakref.WeakSet[type] = weakref.WeakSet()  # subclasses of PreTrainedModel looked at
 _ledger = Ledger()
 _applied_by: list[str] = []  # how apply() was called in this process, when not by the program itself
 _environment_read: list[bool] = []  # HFPATCH_PACKED and HFPATCH_UNPAD read (by the first apply())
@@ -224,7 +222,7 @@ def apply(
             UNPAD[0] = unpad
         if archs is None:
             _discover()
-            _watch_new_classes()
+            _WATCH.start()  # a class defined later: installed unpinned, checked at its first call
         names = select(archs)
     if not ignore_ranges:
         _check_classes(names)  # outside the lock
@@ -301,8 +299,7 @@ def revert(archs: Archs = None) -> Status:
     them; a replacement someone else made after hfpatch's stays."""
     with _lock:
         if archs is None:
-            _WATCH.pinned = False
-            _ledger.revert(_WATCH, _ledger.installed_by(_WATCH))
+            _WATCH.stop()
         for name in select(archs):
             state = _states[name]
             state.pin.pinned = state.forced = False
@@ -465,8 +462,6 @@ def _install(state: _State, module: Any) -> list[Patch]:
 
 # --- classes outside transformers (hfpatch.custom) ----------------------------------------------------
 
-_WATCH = Pin("classes defined after apply()")  # holds the PreTrainedModel.__init_subclass__ row
-
 
 def discover() -> None:
     """Look at the subclasses of ``PreTrainedModel`` defined outside transformers since the last look
@@ -483,7 +478,7 @@ def custom_adapter(cls: type) -> Optional[Adapter]:
 
 
 def _discover() -> None:
-    for cls in custom.unseen_subclasses(_seen):
+    for cls in _WATCH.unseen():
         _notice(cls)
 
 
@@ -517,7 +512,7 @@ def _first_call(name: str) -> None:
         if state.checked is None or state.pin.awaiting is None:
             return
         state.pin.awaiting = None
-        if state.checked and _WATCH.pinned:
+        if state.checked and _WATCH.pin.pinned:
             _want([name], holder=None)
         elif not state.checked:
             state.skip_reason = state.check_reason
@@ -533,42 +528,15 @@ def _check_classes(names: list[str]) -> None:
     custom.CHECKS.run(owners)
 
 
-def _watch_new_classes() -> None:
-    """While ``apply()`` holds, a subclass of ``PreTrainedModel`` defined later (a remote-code module
-    imported, a class in the user's program) is looked at when it is created: a recognised one is
-    installed unpinned there, checked at its first call (:func:`_first_call`). Installed now if
-    transformers is imported, else when it is."""
-    _WATCH.pinned = True
-    if custom.pretrained_model() is not None:
-        _install_watch()
-    elif not _watch_hooked:
-        import wrapt
-
-        wrapt.register_post_import_hook(_install_watch, "transformers.modeling_utils")
-        _watch_hooked.append(True)
-
-
-_watch_hooked: list[bool] = []  # the post-import hook is registered (wrapt keeps it for good)
-
-
-def _install_watch(*_: Any) -> None:
-    with _lock:
-        base = custom.pretrained_model()
-        if base is not None and _WATCH.pinned and not _ledger.installed_by(_WATCH):
-            original = base.__dict__.get("__init_subclass__", ABSENT)
-            hook = custom.subclass_hook(base, original, _on_new_class)
-            _ledger.install(_WATCH, (Patch(base, "__init_subclass__", original, hook),))
-
-
 def _on_new_class(cls: type) -> None:
-    """A subclass of ``PreTrainedModel`` outside transformers was just defined (the watch's hook): a
-    recognised one is installed unpinned, its check left to its first call."""
-    with _lock:
-        if _WATCH.pinned and cls not in _seen:
-            _seen.add(cls)
-            name = _notice(cls)
-            if name is not None:
-                rebind_hooked(_want([name], holder=None, at_first_call=True))
+    """A subclass of ``PreTrainedModel`` outside transformers was just defined while ``apply()`` holds
+    (:class:`hfpatch.custom.Watch`): a recognised one is installed unpinned, checked at its first call."""
+    name = _notice(cls)
+    if name is not None:
+        rebind_hooked(_want([name], holder=None, at_first_call=True))
+
+
+_WATCH = custom.Watch(_ledger, _lock, _on_new_class)
 
 
 def _uninstall(state: _State) -> None:

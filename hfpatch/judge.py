@@ -26,23 +26,11 @@ from .support import in_range, installed_transformers
 from .windows import CHUNKED, layer_types, positional, text_config, window_of
 
 __all__ = [
-    "FP32",
     "OWN_POSITIONS",
-    "NOISE_CAP",
-    "RELATIVE",
-    "WRONG",
     "Watcher",
     "the_masks_positions",
 ]
 
-FP32 = 1e-5  # the invariant: fp32 (and fp64) outputs within this of the row alone (every check's)
-WRONG = 1e-3  # a difference above this is a wrong result, not float noise (between the two: noise)
-# half precision: relative to the largest |output| of the rows alone (a wrong position changes a tiny
-# model's logits by 0.3 or more; bf16 rounds a correctly shifted rotary row by about 1 % of the largest)
-RELATIVE = {torch.float16: 4e-3, torch.bfloat16: 3e-2}
-# fp32 noise grows with length (right padding alone, no position changed: 1.4-1.7e-5 at 516-1,028 tokens):
-# a scenario's tolerance is four times its control's noise where that is more than FP32, at most this
-NOISE_CAP = 1e-4
 ABSOLUTE_HANDS_TO = (TABLE, SINUSOID, PADDED_TABLE)  # decoders whose position module is a table or sinusoid
 
 

@@ -32,10 +32,11 @@ import torch
 from . import engine
 from ._compat import CACHE_NAMES, output_cache
 from .caches import capacity, first_layer_keys, past_length
-from .judge import FP32, RELATIVE, the_masks_positions
+from .judge import the_masks_positions
 from .observers import SHADOW_COUNTS, call_site, fingerprint, unwatch, watch
 from .packed import packed_rows
 from .rope import scaled_rope
+from .tolerances import FP32, relative
 
 __all__ = ["ShadowMismatch", "ShadowReport", "shadow", "shadow_this_process"]
 
@@ -323,7 +324,7 @@ class _Watcher:
         dtype = alone.dtype
         # testing's tolerances, each a share of the row's largest |output| here (live models' are large)
         bound = self.tolerance if self.tolerance is not None else (
-            RELATIVE.get(dtype, FP32) * max(1.0, scale)
+            (relative(dtype) or FP32) * max(1.0, scale)
         )  # fmt: skip
         diff = float((live.float() - alone.float()).abs().max())
         report = self.report

@@ -1,6 +1,7 @@
 """The tests' own harness: padded batches split into KV-cached calls, and the reference each real token
 is held to, written here independently of hfpatch's ``verify`` (so that a bug there cannot hide a bug
-in the patch). Also the random cases the property tests and the compat matrix's case count draw.
+in the patch). The random cases and their run against each row alone are ``compat/cases.py``'s (the
+release matrix's case count draws the same).
 
 Reference: the same row run alone, unpadded, in one call, on stock transformers.
 """
@@ -16,6 +17,7 @@ from typing import Any, Optional
 import torch
 
 import hfpatch
+from compat.cases import TOLERANCE, max_diff, random_case, run_alone, run_padded
 from hfpatch._compat import cache_name, new_static_cache, output_cache
 from hfpatch.verification.tiny import PAD, VOCAB
 
@@ -37,7 +39,6 @@ __all__ = [
     "worker_script",
 ]
 
-TOLERANCE = 1e-5  # the invariant: every real token within this of its row run alone (fp32)
 WRONG = 1e-3  # a difference above this is a wrong result, not float noise
 static_cache = new_static_cache  # StaticCache's constructor across releases
 cache_kwarg = cache_name  # the cache argument's name: "cache" (5.24+), "past_key_values", or None
@@ -46,12 +47,6 @@ cache_kwarg = cache_name  # the cache argument's name: "cache" (5.24+), "past_ke
 def random_rows(lengths: Sequence[int], seed: int = 0) -> list[list[int]]:
     generator = torch.Generator().manual_seed(seed)
     return [torch.randint(1, VOCAB, (n,), generator=generator).tolist() for n in lengths]
-
-
-def run_alone(model: Any, tokens: Sequence[int]) -> torch.Tensor:
-    """Logits ``[len(tokens), vocab]`` of one sequence, unpadded, in one call, on stock transformers."""
-    with torch.no_grad(), hfpatch.unpatched():
-        return model(input_ids=torch.tensor([list(tokens)])).logits[0]
 
 
 def noise_floor(model: Any, rows: Sequence[Sequence[int]], pads: int = 3) -> float:
@@ -72,75 +67,6 @@ def tolerance_of(model: Any, rows: Sequence[Sequence[int]]) -> float:
     """TOLERANCE, or four times the model's fp32 noise at these lengths where that is more (a wrong
     position or a leaked sequence is 1e-2 or more on these tiny models)."""
     return max(TOLERANCE, 4 * noise_floor(model, rows))
-
-
-def max_diff(model: Any, rows: Sequence[Sequence[int]], got: Sequence[torch.Tensor]) -> float:
-    """Largest |logit difference| at any real token between ``got`` and each row run alone."""
-    return max((run_alone(model, row) - logits).abs().max().item() for row, logits in zip(rows, got))
-
-
-def run_padded(
-    model: Any,
-    rows: Sequence[Sequence[int]],
-    chunks: Sequence[Sequence[int]],
-    left: Sequence[Sequence[bool]],
-    cache: Any = None,
-    mask_width: Optional[int] = None,
-    pass_cache_position: bool = False,
-    cache_name: Optional[str] = None,
-    **extra: Any,
-) -> list[torch.Tensor]:
-    """Run ``rows`` as one padded batch, split into KV-cached calls; return each row's real-token logits.
-
-    ``chunks[c][r]``: how many of row ``r``'s next tokens go into call ``c`` (0 allowed); ``left[c][r]``:
-    pad row ``r`` on the left in call ``c`` (else on the right). ``cache``: the cache to start from;
-    ``mask_width``: pad every mask with zeros to this many columns (a static cache's full length);
-    ``pass_cache_position``: pass each call's slots explicitly; ``model`` may be any callable that
-    takes the model's keyword arguments (then ``cache_name`` says what the cache is called).
-    """
-    name = cache_name or cache_kwarg(model)
-    done = [0] * len(rows)
-    columns: list[list[int]] = [[] for _ in rows]  # the whole mask so far, row by row
-    logits: list[list[torch.Tensor]] = [[] for _ in rows]
-    for counts, lefts in zip(chunks, left):
-        width = max(counts)
-        if width == 0:
-            continue
-        ids, real = [], []
-        for r, (count, on_left) in enumerate(zip(counts, lefts)):
-            tokens = list(rows[r][done[r] : done[r] + count])
-            pads = [PAD] * (width - count)
-            ids.append(pads + tokens if on_left else tokens + pads)
-            real.append(range(width - count, width) if on_left else range(count))
-            columns[r] += [1 if i in real[r] else 0 for i in range(width)]
-            done[r] += count
-        past = len(columns[0]) - width
-        mask = torch.tensor([row + [0] * ((mask_width or len(row)) - len(row)) for row in columns])
-        kwargs = dict(extra, input_ids=torch.tensor(ids), attention_mask=mask)
-        if name is not None:
-            kwargs.update({name: cache, "use_cache": True})
-        if pass_cache_position:
-            kwargs["cache_position"] = torch.arange(past, past + width)
-        with torch.no_grad():
-            out = model(**kwargs)
-        returned = output_cache(out) if name is not None else None
-        cache = returned if returned is not None else cache  # some releases return a new cache object
-        for r in range(len(rows)):
-            logits[r] += [out.logits[r, i] for i in real[r]]
-    return [torch.stack(row) for row in logits]
-
-
-def random_case(rng: Any, max_batch: int = 3, max_calls: int = 3, max_new: int = 4) -> tuple:
-    """One random padded, KV-cached batch: ``(rows, chunks, left)`` for :func:`run_padded`. ``rng`` is a
-    ``random.Random`` or a hypothesis ``draw``-backed object with the same ``randint``/``random``."""
-    batch, calls = rng.randint(1, max_batch), rng.randint(1, max_calls)
-    chunks = [[rng.randint(0, max_new) for _ in range(batch)] for _ in range(calls)]
-    for r in range(batch):  # every row has at least one real token
-        if sum(c[r] for c in chunks) == 0:
-            chunks[0][r] = rng.randint(1, max_new)
-    left = [[rng.random() < 0.5 for _ in range(batch)] for _ in range(calls)]
-    rows = [[rng.randint(1, VOCAB - 1) for _ in range(sum(c[r] for c in chunks))] for r in range(batch)]
-    return rows, chunks, left
 
 
 # For a subprocess (no tests on its path): transformers #18104 on a tiny model, written out by hand.

@@ -251,11 +251,47 @@ def test_every_change_outside_the_ledger_is_listed():
 
 
 def test_the_evidence_scripts_read_their_vocabulary_from_compat():
-    """compat/evidence.py and compat/report.py take the kinds of a result and the rows' fields from
-    compat/vocabulary.py, not from the tests' own helpers (no ``tests`` folder on their path)."""
+    """compat/evidence.py, compat/report.py and compat/count_cases.py take the kinds of a result, the
+    rows' fields and the random cases from compat/ (vocabulary.py, cases.py), not from the tests' own
+    helpers: no ``tests`` folder on their path."""
     compat = PACKAGE.parent / "compat"
-    for script in ("evidence.py", "report.py"):
-        tree = ast.parse((compat / script).read_text())
+    for script in ("evidence.py", "report.py", "count_cases.py"):
+        source = (compat / script).read_text()
+        tree = ast.parse(source)
         imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-        assert "compat.vocabulary" in imported and "expectations" not in imported, script
-        assert '"tests"' not in (compat / script).read_text(), f"{script} puts tests/ on its path"
+        assert "compat.vocabulary" in imported, script
+        assert not imported & {"expectations", "harness", "conftest", "probes"}, script
+        assert '"tests"' not in source and "'tests'" not in source, script
+
+
+def test_the_engine_is_the_api_and_the_registry():
+    """engine.py keeps the public API, the registry and the install / revert of rows: the status table
+    is states.py's, the watch for classes defined later custom.py's, the rebinding of hooked models
+    hooks.py's (the engine calls them), in 560 lines or fewer."""
+    source = MODULES["hfpatch.engine"].read_text()
+    assert len(source.splitlines()) <= 560
+    tree = ast.parse(source)
+    called = {
+        node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", "")
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+    }
+    assert not called & {"AdapterStatus", "get_objects"}, "the status table and the gc walk live elsewhere"
+    assert "__init_subclass__" not in source and "import gc" not in source and "gc." not in source
+
+
+def test_the_tolerances_are_a_leaf_every_check_reads():
+    """The numbers a check holds outputs to live in hfpatch/tolerances.py, which imports nothing of
+    hfpatch nor torch; verify, hfpatch.testing and the shadow read them there, not from the audit's
+    rules (hfpatch.judge, which loads the positions, windows and packed rooms)."""
+    assert GRAPH["hfpatch.tolerances"] == set() and not _imports_torch_at_import("hfpatch.tolerances")
+    readers = (
+        "hfpatch.testing",
+        "hfpatch.verification.run",
+        "hfpatch.verification.result",
+        "hfpatch.shadowing",
+    )
+    for name in readers:
+        assert "hfpatch.tolerances" in GRAPH[name], name
+    for name in ("hfpatch.testing", "hfpatch.verification.run", "hfpatch.verification.result"):
+        assert "hfpatch.judge" not in GRAPH[name], name

@@ -15,9 +15,9 @@ from hypothesis import given, settings
 
 import hfpatch
 from hfpatch.caches import past_length
-from hfpatch.judge import NOISE_CAP
 from hfpatch.testing import FAMILIES, CannotCheck, assert_padding_invariant, tolerance_for
 from hfpatch.testing.strategies import packed_scenarios, scenarios
+from hfpatch.tolerances import NOISE_CAP
 from hfpatch.verification.tiny import VOCAB, tiny_model
 
 from conftest import TF, arch_skip_reason

@@ -24,8 +24,8 @@ from typing import Any, NamedTuple, Optional
 import torch
 
 from .._compat import cache_name
-from ..judge import FP32, NOISE_CAP, RELATIVE
 from ..rope import scaled_rope
+from ..tolerances import FP32, NOISE_CAP, relative
 from ..verification.load import check_causal, check_runs, first_line, is_multimodal, plain_call
 from ..verification.result import CannotVerify
 from ..verification.scenarios import (
@@ -75,7 +75,8 @@ FAMILIES = (PADDING, CACHED, STATIC, WINDOW, ROPE, PACKED)
 def tolerance_for(dtype: torch.dtype, scale: float = 1.0) -> float:
     """The default tolerance for outputs of ``dtype``: 1e-5 in fp32 and fp64; in fp16 and bf16 a share of
     ``scale`` (the largest |output| of the rows alone, at least 1)."""
-    return RELATIVE[dtype] * max(1.0, scale) if dtype in RELATIVE else FP32
+    half = relative(dtype)
+    return half * max(1.0, scale) if half is not None else FP32
 
 
 class Result(NamedTuple):
@@ -187,14 +188,14 @@ def assert_padding_invariant(
             "padding invariance not checked: no scenario could run (" + "; ".join([*errors, *notes]) + ")"
         )
     weights = _weights_dtype(model)
-    if weights in RELATIVE and dtype not in RELATIVE:  # half-precision weights, outputs upcast (4.x logits)
+    if relative(weights) is not None and relative(dtype) is None:  # half-precision weights, fp32 logits (4.x)
         dtype = weights
     base = tolerance if tolerance is not None else tolerance_for(dtype, largest)
     bound = base
     for probe, got, alone, control in computed:
         allowed = base
         worst = max((g.float() - a.float()).abs().max().item() for g, a in zip(got, alone))
-        if tolerance is None and dtype not in RELATIVE and base < worst <= NOISE_CAP:
+        if tolerance is None and relative(dtype) is None and base < worst <= NOISE_CAP:
             # fp32's own noise at these lengths and splits (controls that change no position), where it
             # is more than the base tolerance: four times it, at most NOISE_CAP
             allowed = max(base, noise_tolerance(*control, alone))

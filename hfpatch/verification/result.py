@@ -6,8 +6,8 @@ from __future__ import annotations
 import textwrap
 from typing import NamedTuple
 
-from ..judge import FP32 as TOLERANCE  # fp32, max |difference| at any real token: exact
-from ..judge import WRONG
+from ..tolerances import FP32 as TOLERANCE  # fp32, max |difference| at any real token: exact
+from ..tolerances import WRONG
 
 __all__ = ["TOLERANCE", "WRONG", "CannotVerify", "Row", "Verification"]
 

@@ -16,9 +16,9 @@ import torch
 from .. import engine
 from .._compat import cache_name
 from ..declarations import Adapter
-from ..judge import NOISE_CAP
 from ..rope import per_row_scaling, scaled_rope
 from ..support import installed_transformers
+from ..tolerances import NOISE_CAP
 from ..windows import configured_window, positional, smallest_window
 from .load import TINY_ATTENTION, check_causal, check_runs, first_line, is_multimodal, load, plain_call
 from .result import TOLERANCE, CannotVerify, Row, Verification

@@ -12,8 +12,8 @@ from typing import Any, NamedTuple, Optional
 import torch
 
 from .._compat import attaches_static_caches, cache_name, new_static_cache, output_cache
-from ..judge import FP32, NOISE_CAP, WRONG
 from ..positions import new_token_positions
+from ..tolerances import FP32, NOISE_CAP, WRONG
 from .tiny import PAD, VOCAB
 
 __all__ = [
