@@ -2,7 +2,10 @@
 
     nox -s matrix                           # every release (hours: see docs/compatibility.md)
     nox -s "matrix(transformers='4.40.2')"  # one release
-    nox -s ci                               # the releases CI runs, strict
+    nox -s ci                               # the releases CI runs, strict (without the launchers'
+                                            # tests, which the integrations session runs; the newest
+                                            # release's quick tests too where HFPATCH_QUICK_RAN_ON
+                                            # names it: .ci/run ran them just before)
     nox -s corners                          # Python 3.10, 3.13 x torch 2.13 and their newest (CI: newest)
     nox -s integrations                     # peft, trl, accelerate, ray, deepspeed, sentence-transformers,
                                             # processes and launchers (CI runs it)
@@ -63,12 +66,17 @@ def _run_release(session: nox.Session, release: str, strict: bool) -> None:
     # the whole suite, slow tests included; the inductor test runs once, on the newest release (ci);
     # test_compat_report checks the committed report against the declarations: not a per-release test
     marks = "not inductor" if not strict or release != NEWEST else "slow or not slow"
+    ignored = ["--ignore=tests/test_compat_report.py"]
+    if strict:  # CI (45 minutes on 2 cores): what another step of the same run already ran is not rerun
+        ignored.append("--ignore=tests/test_processes.py")  # the launchers: the integrations session's
+        if os.environ.get("HFPATCH_QUICK_RAN_ON") == release:  # .ci/run's quick suite: this very release
+            marks = "slow"
     profile = "--hypothesis-profile=matrix" if not strict else "--hypothesis-profile=default"
     junit = RESULTS / f"{release}.xml"
     session.chdir(ROOT)
     session.run(
-        "python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", marks, profile,
-        "--ignore=tests/test_compat_report.py", f"--junitxml={junit}", *session.posargs,
+        "python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", marks, profile, *ignored,
+        f"--junitxml={junit}", *session.posargs,
         success_codes=[0] if strict else [0, 1],  # matrix: a failing test is a result for the report
     )  # fmt: skip
     if not strict:  # the evidence: this run's results and the stock-vs-hfpatch counts (CI: the tests only)
