@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from . import engine
 from .declarations import THROUGH_LANGUAGE_MODEL
@@ -57,11 +57,43 @@ class AuditReport:
         with self._lock:
             return sum(entry["calls"] for entry in self.types.values())
 
-    def entry(self, arch: str) -> dict[str, Any]:
+    def _entry(self, arch: str) -> dict[str, Any]:
         found = self.types.get(arch)
         if found is None:
             found = self.types[arch] = {**dict.fromkeys(COUNTS, 0), "not_judged": {}, "sites": {}}
         return found
+
+    def count(
+        self,
+        arch: str,
+        site: str,
+        patched: bool,
+        given: bool,
+        unjudged: Optional[str],
+        stats: Optional[list[int]],
+    ) -> None:
+        """One call of ``arch`` from ``site`` (the audit's judge counts each): ``patched`` (hfpatch's patch
+        ran), ``given`` (the caller's positions: theirs, not judged), ``unjudged`` (why else it was not
+        judged), ``stats`` (judged: [rows, tokens, worst shift] stock got wrong, and a fourth item where
+        the call packs rows)."""
+        with self._lock:
+            entry = self._entry(arch)
+            entry["calls"] += 1
+            entry["patched"] += patched
+            at = entry["sites"].setdefault(site, [0, 0])
+            at[0] += 1
+            if given:
+                entry["positions_given"] += 1
+            elif unjudged is not None:
+                entry["not_judged"][unjudged] = entry["not_judged"].get(unjudged, 0) + 1
+            if stats is not None and stats[3:]:
+                entry["packed"] += 1
+            if stats is not None and stats[0]:
+                entry["affected"] += 1
+                at[1] += 1
+                entry["rows"] += stats[0]
+                entry["tokens"] += stats[1]
+                entry["worst_shift"] = max(entry["worst_shift"], stats[2])
 
     def as_dict(self) -> dict[str, Any]:
         """Model type -> its counts (JSON-ready); a type hfpatch does not patch maps to ``calls: None``

@@ -122,26 +122,8 @@ class Watcher:
 
     def _count(self, seen: Any, arch: str, stats: Optional[list[int]], unjudged: Optional[str]) -> None:
         # stats: [rows, tokens, worst shift] stock got wrong, and 1 where the call packs rows
-        site = call_site()[0]
-        report = self.report
-        with report._lock:
-            entry = report.entry(arch)
-            entry["calls"] += 1
-            entry["patched"] += seen.patched
-            at = entry["sites"].setdefault(site, [0, 0])
-            at[0] += 1
-            if unjudged == OWN_POSITIONS:
-                entry["positions_given"] += 1
-            elif unjudged is not None:
-                entry["not_judged"][unjudged] = entry["not_judged"].get(unjudged, 0) + 1
-            if stats is not None and stats[3:]:
-                entry["packed"] += 1
-            if stats is not None and stats[0]:
-                entry["affected"] += 1
-                at[1] += 1
-                entry["rows"] += stats[0]
-                entry["tokens"] += stats[1]
-                entry["worst_shift"] = max(entry["worst_shift"], stats[2])
+        given = unjudged == OWN_POSITIONS
+        self.report.count(arch, call_site()[0], seen.patched, given, None if given else unjudged, stats)
 
 
 class _Facts:

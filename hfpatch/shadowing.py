@@ -66,6 +66,25 @@ class ShadowReport:
         self.skipped: dict[str, int] = {}
         self._lock = threading.Lock()
 
+    def skip(self, why: str) -> None:
+        """One call not checked, for ``why`` (counted here and in ``status().shadow``)."""
+        with self._lock:
+            self.skipped[why] = self.skipped.get(why, 0) + 1
+            skipped = SHADOW_COUNTS["skipped"]
+            skipped[why] = skipped.get(why, 0) + 1
+
+    def check(self, diff: float, bound: float) -> bool:
+        """One row compared: ``diff`` from its row alone, wrong beyond ``bound`` (returned)."""
+        with self._lock:
+            wrong = diff > bound
+            self.checked += 1
+            self.worst = max(self.worst, diff)
+            self.mismatches += wrong
+            SHADOW_COUNTS["checked"] += 1
+            SHADOW_COUNTS["mismatches"] += wrong
+            SHADOW_COUNTS["worst"] = max(SHADOW_COUNTS["worst"], diff)
+        return wrong
+
     def __repr__(self) -> str:
         return (f"ShadowReport(checked={self.checked}, mismatches={self.mismatches}, "
                 f"worst={self.worst:.3g}, skipped={self.skipped})")  # fmt: skip
@@ -169,10 +188,7 @@ class _Watcher:
         return result
 
     def skip(self, why: str) -> None:
-        with self.report._lock:
-            self.report.skipped[why] = self.report.skipped.get(why, 0) + 1
-            skipped = SHADOW_COUNTS["skipped"]
-            skipped[why] = skipped.get(why, 0) + 1
+        self.report.skip(why)
 
     def sample(self, n: int = 0) -> float:
         with self.lock:
@@ -327,16 +343,8 @@ class _Watcher:
             (relative(dtype) or FP32) * max(1.0, scale)
         )  # fmt: skip
         diff = float((live.float() - alone.float()).abs().max())
-        report = self.report
         site, frame = call_site()
-        with report._lock:
-            report.checked += 1
-            report.worst = max(report.worst, diff)
-            wrong = diff > bound
-            report.mismatches += wrong
-            SHADOW_COUNTS["checked"] += 1
-            SHADOW_COUNTS["mismatches"] += wrong
-            SHADOW_COUNTS["worst"] = max(SHADOW_COUNTS["worst"], diff)
+        wrong = self.report.check(diff, bound)
         if not wrong:
             return
         arch = getattr(model.config, "model_type", seen.adapter.arch)

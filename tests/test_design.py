@@ -181,6 +181,20 @@ def test_no_module_reaches_into_another_ones_privates():
     assert not offenders, offenders
 
 
+def test_no_module_takes_another_objects_lock():
+    """An observer's counters are changed by their owner's methods (``AuditReport.count``,
+    ``ShadowReport.check`` and ``skip``): no ``x._lock`` on anything but ``self``."""
+    offenders = [
+        f"{name}:{node.lineno}"
+        for name, path in MODULES.items()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Attribute)
+        and node.attr == "_lock"
+        and not (isinstance(node.value, ast.Name) and node.value.id == "self")
+    ]
+    assert not offenders, offenders
+
+
 RUNTIME = sorted(
     name
     for name in MODULES
