@@ -43,7 +43,7 @@ from ._context import CALL, PACKED, UNPAD, Pin, patched_here, warn_once
 from .caches import CAPACITY
 from .declarations import Adapter
 from .decoders import call_with_positions
-from .observers import WATCHERS, Seen, run_watched
+from .observers import WATCHERS, run_watched
 from .packed import packed_rows, positions_from_lengths, warn_not_kept
 from .plans import NO_SLOTS, SLOTS, SLOTS_REMOVED, Plan
 from .positions import cache_positions, has_holes, new_token_positions
@@ -206,15 +206,14 @@ SEQ2SEQ = (
 def watched(
     forward: Callable, model: Any, adapter: Adapter, plan: Plan, pin: Pin, args: tuple, kwargs: dict
 ) -> Any:
-    """The outermost call of a patched forward while an observer is registered (eager mode): its record
-    (:class:`hfpatch.observers.Seen`, positional arguments bound) and the call, handed to the observers."""
+    """The outermost call of a patched forward while an observer is registered (eager mode): its
+    arguments by name (positional ones bound) and the call, handed to the observers."""
     named = dict(kwargs)
     if args:
         with contextlib.suppress(TypeError):  # arguments the call itself rejects, saying so
             _bind_positional(adapter, plan, args, named)
-    cache = next((named[name] for name in CACHE_NAMES if named.get(name) is not None), None)
-    seen = Seen(model, adapter, named, cache, patched_here(pin), plan.ids_rank)
-    return run_watched(seen, functools.partial(forward, model, *args, **kwargs))
+    call = functools.partial(forward, model, *args, **kwargs)
+    return run_watched(model, adapter, named, patched_here(pin), plan.ids_rank, call)
 
 
 def given_masks(model: Any, adapter: Adapter, plan: Plan, kwargs: dict, cache: Any) -> Optional[Tensor]:

@@ -68,9 +68,17 @@ class Seen(NamedTuple):
     ids_rank: int  # the rank of its input_ids (3: audio codes)
 
 
-def run_watched(seen: Seen, call: Callable[[], Any]) -> Any:
+def run_watched(
+    model: Any, adapter: Any, named: dict, patched: bool, ids_rank: int, call: Callable[[], Any]
+) -> Any:
     """Run ``call`` (the forward's own) through the registered observers, each of which returns the
-    result of the call it is handed: what it computes is the forward's own."""
+    result of the call it is handed: what it computes is the forward's own. What they read of it is the
+    record made here (:class:`Seen`) from the call's arguments by name (``named``: a copy, positional
+    ones bound), whether it runs the patch, and its ``input_ids``' rank."""
+    from ._compat import CACHE_NAMES  # (torch: loaded by any model call)
+
+    cache = next((named[name] for name in CACHE_NAMES if named.get(name) is not None), None)
+    seen = Seen(model, adapter, named, cache, patched, ids_rank)
     CALL.watching = True
     try:
         for watcher in reversed(WATCHERS[0]):
