@@ -30,7 +30,6 @@ from typing import Any, Optional
 
 from . import engine
 from .declarations import THROUGH_LANGUAGE_MODEL
-from .observers import unwatch, watch
 
 __all__ = ["AuditReport", "audit", "audit_this_process", "merge"]
 
@@ -187,13 +186,10 @@ def start(report: AuditReport) -> Any:
     """Start auditing every thread's calls into ``report``; returns the function that stops it."""
     from .judge import Watcher  # imports torch: only when an audit starts
 
-    token = engine.hold()
-    watcher = Watcher(report)
-    watch(watcher)
+    unsubscribe = engine.subscribe(Watcher(report))
 
     def stop() -> None:
-        unwatch(watcher)
-        engine.release(token)
+        unsubscribe()
         report.unknown.update(_unknown_types(report))
 
     return stop

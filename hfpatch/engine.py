@@ -5,9 +5,8 @@ An adapter's patch is installed when something wants it (``apply()``, or a ``pat
 open in some thread), its release range admits the installed transformers (or ``apply(...,
 ignore_ranges=True)`` said to patch it anyway), and its module has been imported: at once if it already
 was, otherwise from a wrapt post-import hook when the user imports it. ``apply()`` itself imports no
-``transformers.models`` module. What it installs is a tuple of rows (:mod:`hfpatch.patches`), built
-once per class (:mod:`hfpatch.build`) and kept, so that a later install puts back the same functions.
-The class's own ``forward`` is replaced, so models built earlier are fixed too.
+``transformers.models`` module. It installs rows (:mod:`hfpatch.patches`) that replace the class's own
+``forward``, so models built earlier are fixed too.
 
 Who gets the patched result: ``apply()`` pins an adapter for the whole process (until ``revert()``).
 ``patched()`` and ``unpatched()`` blocks decide for their own thread only (like ``torch.no_grad()``):
@@ -32,7 +31,6 @@ from ._context import (
     PACKED,
     UNPAD,
     UNPADDED,
-    Pin,
     close_block,
     open_block,
     read_packed,
@@ -42,7 +40,7 @@ from ._context import (
 from .adapters import ADAPTERS, UNDECLARED
 from .declarations import Adapter, Undeclared
 from .hooks import rebind_hooked
-from .observers import SHADOW_COUNTS
+from .observers import SHADOW_COUNTS, unwatch, watch
 from .patches import Ledger, Patch
 from .states import (
     APPLIED,
@@ -50,6 +48,7 @@ from .states import (
     NOT_APPLIED,
     SKIPPED,
     WAITING,
+    AdapterState,
     AdapterStatus,
     Status,
     nearest,
@@ -81,6 +80,7 @@ __all__ = [  # (the state names and the status types are states.py's, named here
     "revert",
     "select",
     "status",
+    "subscribe",
     "unpatched",
 ]
 
@@ -88,46 +88,12 @@ __all__ = [  # (the state names and the status types are states.py's, named here
 Archs = Union[str, Iterable[str], None]
 
 
-class _State:
-    """What the engine knows of one adapter."""
-
-    __slots__ = (
-        "adapter", "pin", "holders", "hooked", "forced", "rows", "installed", "skip_reason", "class_differs",
-        "owner",
-    )  # fmt: skip
-
-    def __init__(self, adapter: Adapter, owner: Optional[type] = None) -> None:
-        self.adapter = adapter
-        self.pin = Pin(adapter.arch)  # pinned: apply() asked for it (until revert()); its forward reads it
-        self.holders: set[object] = set()  # tokens of the patched() blocks still open, in any thread
-        self.hooked = False  # a post-import hook is registered for its module (wrapt keeps hooks forever)
-        self.forced = False  # apply(..., ignore_ranges=True) asked for it, whatever its range says
-        self.rows: tuple[Patch, ...] = ()  # what it replaces, built once per class and kept
-        self.installed = False
-        self.skip_reason: Optional[str] = None
-        self.class_differs = False  # its module's class is not the one it patches (its build failed)
-        self.owner = owner  # a class outside transformers (hfpatch.custom), else None
-
-    @property
-    def wanted(self) -> bool:
-        return self.pin.pinned or bool(self.holders)
-
-    @property
-    def checked(self) -> Optional[bool]:
-        """A custom class's check on a tiny copy: passed, failed, or None (not yet, or running)."""
-        return custom.CHECKS.verdict(self.owner)[0] if self.owner is not None else None
-
-    @property
-    def check_reason(self) -> str:
-        return custom.CHECKS.verdict(self.owner)[1] if self.owner is not None else ""
-
-
 _lock = threading.RLock()
 _registry: dict[str, Adapter] = {}
 _undeclared: dict[str, Undeclared] = {}
 _watched: list[str] = []  # model types hfpatch does not patch whose class warns of packed rows
 _aliases: dict[str, str] = {}  # model type -> the adapter that patches its class
-_states: dict[str, _State] = {}
+_states: dict[str, AdapterState] = {}
 _left_alone: dict[str, str] = {}  # classes outside transformers that look like decoders, not patched: why
 _ledger = Ledger()
 _applied_by: list[str] = []  # how apply() was called in this process, when not by the program itself
@@ -141,14 +107,14 @@ def _register() -> None:
             if name in _registry or name in _aliases:
                 raise ValueError(f"model type {name!r} is declared twice")
         _registry[adapter.arch] = adapter
-        _states[adapter.arch] = _State(adapter)
+        _states[adapter.arch] = AdapterState(adapter)
         _aliases.update((alias, adapter.arch) for alias in adapter.aliases)
     for entry in UNDECLARED:
         if entry.arch in _registry or entry.arch in _aliases or entry.arch in _undeclared:
             raise ValueError(f"model type {entry.arch!r} is declared twice")
         _undeclared[entry.arch] = entry
         if entry.watched is not None:  # its class only warns of packed rows: installed as the others are
-            _states[entry.arch] = _State(entry.watcher())
+            _states[entry.arch] = AdapterState(entry.watcher())
             _watched.append(entry.arch)
 
 
@@ -365,6 +331,20 @@ def release(token: Held) -> None:
                 _uninstall(state)
 
 
+def subscribe(watcher: Callable) -> Callable[[], None]:
+    """Observe every patched forward's calls (``watcher``: :func:`hfpatch.observers.watch`), every patch
+    installed without patching a call (:func:`hold`); returns the function that undoes both. The one
+    start of the audit and the shadow."""
+    token = hold()
+    watch(watcher)
+
+    def stop() -> None:
+        unwatch(watcher)
+        release(token)
+
+    return stop
+
+
 @contextlib.contextmanager
 def unpatched(archs: Archs = None) -> Iterator[Status]:
     """Stock transformers in this thread inside the block (every adapter, or the named ones): the
@@ -439,7 +419,7 @@ def _hook(name: str) -> Callable[[Any], None]:
     return on_import
 
 
-def _install(state: _State, module: Any) -> list[Patch]:
+def _install(state: AdapterState, module: Any) -> list[Patch]:
     """Patch ``state``'s adapter in ``module``, or record why not (and stop wanting it). Never raises.
     The rows are built the first time and reused, unless a class changed since (then built again)."""
     if state.installed:
@@ -492,11 +472,11 @@ def _notice(cls: type) -> Optional[str]:
         _left_alone[found.arch] = found.reason
         return None
     _registry[found.arch] = found.adapter
-    _states[found.arch] = _State(found.adapter, owner=cls)
+    _states[found.arch] = AdapterState(found.adapter, owner=cls)
     return found.arch
 
 
-def _checked(state: _State) -> bool:
+def _checked(state: AdapterState) -> bool:
     """Whether a custom class passed its check on a tiny copy (:func:`_check_classes` ran it); while it
     runs, its own ``verify`` in the checking thread installs the rows for that thread's blocks."""
     return state.checked is True or custom.CHECKS.checking_here(state.owner)
@@ -539,7 +519,7 @@ def _on_new_class(cls: type) -> None:
 _WATCH = custom.Watch(_ledger, _lock, _on_new_class)
 
 
-def _uninstall(state: _State) -> None:
+def _uninstall(state: AdapterState) -> None:
     """Undo ``state``'s rows (a row shared with another installed adapter stays; one someone replaced
     after us stays theirs)."""
     if state.installed:

@@ -33,7 +33,7 @@ from . import engine
 from ._compat import CACHE_NAMES, output_cache
 from .caches import capacity, first_layer_keys, past_length
 from .judge import the_masks_positions
-from .observers import SHADOW_COUNTS, call_site, fingerprint, unwatch, watch
+from .observers import SHADOW_COUNTS, call_site, fingerprint
 from .packed import packed_rows
 from .rope import scaled_rope
 from .tolerances import FP32, relative
@@ -109,15 +109,7 @@ def start(report: ShadowReport, rate: float, tolerance: Optional[float] = None, 
         raise ValueError(f"rate: expected a share of calls from 0 to 1, got {rate!r}")
     if tolerance is not None and (not isinstance(tolerance, (int, float)) or tolerance < 0):
         raise ValueError(f"tolerance: expected a number >= 0 (or None), got {tolerance!r}")
-    token = engine.hold()
-    watcher = _Watcher(report, float(rate), tolerance, seed)
-    watch(watcher)
-
-    def stop() -> None:
-        unwatch(watcher)
-        engine.release(token)
-
-    return stop
+    return engine.subscribe(_Watcher(report, float(rate), tolerance, seed))
 
 
 def shadow_this_process(rate: float) -> None:

@@ -10,8 +10,10 @@ from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 from typing import Any, NamedTuple, Optional
 
-from ._context import CALL, PACKED
+from . import custom
+from ._context import CALL, PACKED, Pin
 from .declarations import NOT_COVERED, Adapter, Undeclared
+from .patches import Patch
 from .support import CUSTOM, UNVERIFIED, Support, in_range, support
 
 __all__ = [
@@ -21,6 +23,7 @@ __all__ = [
     "PACKED_OFF",
     "SKIPPED",
     "WAITING",
+    "AdapterState",
     "AdapterStatus",
     "Status",
     "adapter_status",
@@ -35,6 +38,40 @@ WAITING = "waiting for import"
 CHECKING = "waiting for its check"
 SKIPPED = "skipped"
 NOT_APPLIED = "not applied"
+
+
+class AdapterState:
+    """What the engine knows of one adapter (its registry holds one per adapter; :func:`table` reads them)."""
+
+    __slots__ = (
+        "adapter", "pin", "holders", "hooked", "forced", "rows", "installed", "skip_reason", "class_differs",
+        "owner",
+    )  # fmt: skip
+
+    def __init__(self, adapter: Adapter, owner: Optional[type] = None) -> None:
+        self.adapter = adapter
+        self.pin = Pin(adapter.arch)  # pinned: apply() asked for it (until revert()); its forward reads it
+        self.holders: set[object] = set()  # tokens of the patched() blocks still open, in any thread
+        self.hooked = False  # a post-import hook is registered for its module (wrapt keeps hooks forever)
+        self.forced = False  # apply(..., ignore_ranges=True) asked for it, whatever its range says
+        self.rows: tuple[Patch, ...] = ()  # what it replaces, built once per class and kept
+        self.installed = False
+        self.skip_reason: Optional[str] = None
+        self.class_differs = False  # its module's class is not the one it patches (its build failed)
+        self.owner = owner  # a class outside transformers (hfpatch.custom), else None
+
+    @property
+    def wanted(self) -> bool:
+        return self.pin.pinned or bool(self.holders)
+
+    @property
+    def checked(self) -> Optional[bool]:
+        """A custom class's check on a tiny copy: passed, failed, or None (not yet, or running)."""
+        return custom.CHECKS.verdict(self.owner)[0] if self.owner is not None else None
+
+    @property
+    def check_reason(self) -> str:
+        return custom.CHECKS.verdict(self.owner)[1] if self.owner is not None else ""
 
 
 class AdapterStatus(NamedTuple):
@@ -155,8 +192,9 @@ def nearest(name: str, known: list[str]) -> str:
     return f" (did you mean {' or '.join(close)}?)" if close else ""
 
 
-def adapter_status(state: Any, version: Any) -> AdapterStatus:
-    """One adapter's entry, from what the engine knows of it (its ``_State``) and this thread's choice."""
+def adapter_status(state: AdapterState, version: Any) -> AdapterStatus:
+    """One adapter's entry, from what the engine knows of it (its :class:`AdapterState`) and this
+    thread's choice."""
     adapter = state.adapter
     verdict = support(adapter, version)
     if state.forced and not verdict.patchable:

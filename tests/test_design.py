@@ -106,17 +106,21 @@ def test_the_call_context_is_a_leaf():
 
 def test_the_observers_have_one_room():
     """The audit and the shadow subscribe through hfpatch.observers (registry, call record, call site,
-    counters), which imports neither of them nor the forward, and loads no torch at import."""
+    counters), which imports neither of them nor the forward, and loads no torch at import; both start
+    and stop by ``engine.subscribe`` (one start), and the forward hands a call over without building
+    its record."""
     subscribers = {"hfpatch.auditing", "hfpatch.judge", "hfpatch.shadowing"}
-    assert GRAPH["hfpatch.observers"] <= {"hfpatch._context", "hfpatch.caches", "hfpatch._compat"}, GRAPH[
-        "hfpatch.observers"
-    ]
-    assert "Seen(" not in MODULES["hfpatch.forward"].read_text(), "the call record is built in observers.py"
+    allowed = {"hfpatch._context", "hfpatch.caches", "hfpatch._compat"}
+    assert GRAPH["hfpatch.observers"] <= allowed, GRAPH["hfpatch.observers"]
     assert not _imports_torch_at_import("hfpatch.observers")
+    assert "Seen(" not in MODULES["hfpatch.forward"].read_text(), "the call record is built in observers.py"
     assert all("hfpatch.forward" not in GRAPH[name] for name in subscribers)
-    assert {"hfpatch.shadowing", "hfpatch.auditing", "hfpatch.judge"} & {
+    assert {"hfpatch.judge", "hfpatch.shadowing"} <= {
         name for name, imported in GRAPH.items() if "hfpatch.observers" in imported
-    } == subscribers
+    }
+    for name in ("hfpatch.auditing", "hfpatch.shadowing"):
+        source = MODULES[name].read_text()
+        assert "engine.subscribe(" in source and "watch(" not in source.replace("engine.subscribe(", ""), name
     source = MODULES["hfpatch._context"].read_text()
     assert "WATCHERS" not in source and "SHADOW_COUNTS" not in source
 
