@@ -24,6 +24,7 @@ from ._compat import cache_utils
 from .positions import static_fill_level
 
 __all__ = [
+    "MaskDoesNotFit",
     "capacity",
     "growing_past",
     "count_written",
@@ -32,9 +33,11 @@ __all__ = [
     "first_layer_keys",
     "keep_whole_window",
     "lay_back",
+    "may_read",
     "padded_states",
     "one_buffer_for_all_layers",
     "own",
+    "past",
     "past_length",
     "recount",
     "recording_requested_lengths",
@@ -118,6 +121,56 @@ def fill_level(cache: Any) -> Union[int, torch.Tensor]:
         return counter
     keys = first_layer_keys(cache)
     return 0 if keys is None else static_fill_level(keys)
+
+
+class MaskDoesNotFit(ValueError):
+    """A 2-D mask whose length fits neither the cache's tokens plus the new ones nor a static cache's
+    full length (the patched forward leaves such a call to stock, saying why)."""
+
+
+def past(cache: Any, num_new: int, mask_len: Optional[int], strict: bool) -> Union[int, torch.Tensor]:
+    """The one read of a cache's fill level for a call: tokens cached before it (an int), or where a
+    static cache writes next (an int, or a 0-d tensor). For a static cache a mask of past + new tokens
+    says it exactly (checked against the cache's own counter where it keeps one, 5.4+, and may be read);
+    a full-length mask or none leaves it to :func:`fill_level`. ``strict`` (positions are read from
+    the mask): any other mask length is a :class:`MaskDoesNotFit`; otherwise the mask is only used where
+    it says past + new."""
+    size = capacity(cache)
+    if size is None:
+        held = past_length(cache)
+        if strict and mask_len != held + num_new:
+            new = "1 is" if num_new == 1 else f"{num_new} are"
+            raise MaskDoesNotFit(
+                f"attention_mask has {mask_len} columns, but the cache holds {held} tokens and {new} new: "
+                f"expected {held + num_new} (past + new tokens)"
+            )
+        return held
+    if mask_len is not None and mask_len != size:
+        if num_new <= mask_len < size:
+            held = mask_len - num_new
+            counter = exact_fill_level(cache)
+            if counter is not None and may_read(counter) and int(counter) != held:
+                raise MaskDoesNotFit(
+                    f"attention_mask has {mask_len} columns for {num_new} new tokens, so {held} cached ones, "
+                    f"but the static cache holds {int(counter)}: expected {int(counter) + num_new} columns "
+                    f"(past + new tokens) or {size} (the cache's full length)"
+                )
+            return held
+        if strict:
+            raise MaskDoesNotFit(
+                f"attention_mask has {mask_len} columns, but the static cache has {size} slots and "
+                f"{num_new} tokens are new: expected past + new tokens (at most {size}) or {size}"
+            )
+    return fill_level(cache)
+
+
+def may_read(tensor: Any) -> bool:
+    """Whether an eager check may read ``tensor``'s values: on the CPU, where that is free. On an
+    accelerator it would wait for the device at every call, so the check is left out there (and in
+    traced code)."""
+    if torch.compiler.is_compiling():
+        return False
+    return not isinstance(tensor, torch.Tensor) or tensor.device.type == "cpu"
 
 
 def count_written(cache: Any, end: Union[int, torch.Tensor], device: torch.device) -> None:

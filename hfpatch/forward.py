@@ -139,7 +139,7 @@ def make_forward(adapter: Adapter, original: Callable, plan: Plan, pin: Pin) -> 
             ):  # (one new token and no window, every generate() step: no packed row, no hole to look at)
                 if windowed or given_positions.__class__ is not Tensor or given_positions.shape[-1] > 1:
                     packed = given_masks(self, adapter, plan, kwargs, cache)
-        except LeaveToStock as exc:
+        except (LeaveToStock, caches.MaskDoesNotFit) as exc:
             warn_left_to_stock(arch, str(exc))
             return original(self, **given)
         if family is not None:  # handed to the position module instead (hfpatch.decoders)
@@ -354,7 +354,7 @@ def fill_positions(model: Any, plan: Plan, kwargs: dict, cache: Any) -> Derived:
     if past is not None and mask_len == past + num_new:  # the usual mask: past + new tokens
         kwargs["position_ids"] = new_token_positions(mask, num_new)
         return mask, num_new, past
-    past = _past(cache, num_new, mask_len, strict=True)  # a static cache, or a mask that is wrong
+    past = caches.past(cache, num_new, mask_len, strict=True)  # a static cache, or a mask that is wrong
     where = _where_new(num_new, past, mask_len)
     kwargs["position_ids"] = new_token_positions(mask, num_new, where)
     return mask, num_new, past if where is None else where
@@ -394,7 +394,7 @@ def fill_slots(model: Any, plan: Plan, kwargs: dict, cache: Any) -> Derived:
             "or use transformers >= 4.41"
         )
     mask_len = _mask_length(kwargs)
-    past = _static_past(static, size, num_new, mask_len, strict=mask is not None)
+    past = caches.past(static, num_new, mask_len, strict=mask is not None)
     kwargs["cache_position"] = cache_positions(num_new, past, tokens.device)
     if mask is not None:
         kwargs["position_ids"] = new_token_positions(mask, num_new, _where_new(num_new, past, mask_len))
@@ -413,8 +413,8 @@ def fill_removed_slots(model: Any, plan: Plan, kwargs: dict, cache: Any) -> Deri
     if call is None:
         return None
     _, num_new, mask = call
-    past = _past(cache, num_new, _mask_length(kwargs), strict=mask is not None)
-    if _may_read(given):
+    past = caches.past(cache, num_new, _mask_length(kwargs), strict=mask is not None)
+    if caches.may_read(given):
         _check_given_slots(given, cache_positions(num_new, past))
     if mask is not None:
         kwargs["position_ids"] = new_token_positions(mask, num_new, given)
@@ -528,22 +528,6 @@ def _checked_length(mask: torch.Tensor, tokens: torch.Tensor) -> int:
     return shape[1]
 
 
-def _past(cache: Any, num_new: int, mask_len: Optional[int], strict: bool) -> Past:
-    """Cached tokens before this call. ``strict`` (positions are read from the mask): a mask that does
-    not span past + new tokens (or a static cache's full length) is a ``ValueError``."""
-    size = caches.capacity(cache)
-    if size is not None:
-        return _static_past(cache, size, num_new, mask_len, strict)
-    past = caches.past_length(cache)
-    if strict and mask_len != past + num_new:
-        new = "1 is" if num_new == 1 else f"{num_new} are"
-        raise LeaveToStock(
-            f"attention_mask has {mask_len} columns, but the cache holds {past} tokens and {new} new: "
-            f"expected {past + num_new} (past + new tokens)"
-        )
-    return past
-
-
 def _where_new(num_new: int, past: Past, mask_len: Optional[int]) -> Optional[torch.Tensor]:
     """Where the new tokens sit in the mask, for :func:`new_token_positions`: ``None`` for its last
     columns (a mask of past + new tokens), else their slots (a static cache's full-length mask)."""
@@ -552,45 +536,6 @@ def _where_new(num_new: int, past: Past, mask_len: Optional[int]) -> Optional[to
     if isinstance(past, torch.Tensor) and num_new == 1:  # one decode step: the fill level itself
         return past.reshape(1)
     return cache_positions(num_new, past)
-
-
-def _static_past(cache: Any, capacity: int, num_new: int, mask_len: Optional[int], strict: bool) -> Past:
-    """Where a static cache writes next. A mask of past + new tokens says it exactly; with a full-length
-    mask or none, the cache's fill level does: its own counter (5.4+) or hfpatch's count (4.38-5.3).
-    ``strict`` (positions are read from the mask): any other mask length is a ``ValueError``; otherwise
-    the mask is only used when it says past + new."""
-    if mask_len is not None and mask_len != capacity:
-        if num_new <= mask_len < capacity:
-            past = mask_len - num_new
-            _check_counter(cache, capacity, past, num_new, mask_len)
-            return past
-        if strict:
-            raise LeaveToStock(
-                f"attention_mask has {mask_len} columns, but the static cache has {capacity} slots and "
-                f"{num_new} tokens are new: expected past + new tokens (at most {capacity}) or {capacity}"
-            )
-    return caches.fill_level(cache)
-
-
-def _check_counter(cache: Any, capacity: int, past: int, num_new: int, mask_len: int) -> None:
-    """Where the cache keeps an exact counter (5.4+), the mask's length must agree with it."""
-    counter = caches.exact_fill_level(cache)
-    if counter is None or not _may_read(counter):
-        return
-    if int(counter) != past:
-        raise LeaveToStock(
-            f"attention_mask has {mask_len} columns for {num_new} new tokens, so {past} cached ones, "
-            f"but the static cache holds {int(counter)}: expected {int(counter) + num_new} columns "
-            f"(past + new tokens) or {capacity} (the cache's full length)"
-        )
-
-
-def _may_read(tensor: Any) -> bool:
-    """Whether an eager check may read ``tensor``'s values: on the CPU, where that is free. On an
-    accelerator it would wait for the device at every call, so the check is left out there."""
-    if torch.compiler.is_compiling():
-        return False
-    return not isinstance(tensor, torch.Tensor) or tensor.device.type == "cpu"
 
 
 def _check_given_slots(cache_position: torch.Tensor, expected: torch.Tensor) -> None:

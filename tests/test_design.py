@@ -316,3 +316,13 @@ def test_the_tolerances_are_a_leaf_every_check_reads():
         assert "hfpatch.tolerances" in GRAPH[name], name
     for name in ("hfpatch.testing", "hfpatch.verification.run", "hfpatch.verification.result"):
         assert "hfpatch.judge" not in GRAPH[name], name
+
+
+def test_the_fill_level_is_read_in_caches():
+    """A call reads a static cache's fill level with one ``caches.past`` (the mask checked against it
+    there); the forward reads no counter and no keys of its own (a growing cache's length it may read
+    inline: every decode step's fast path)."""
+    source = MODULES["hfpatch.forward"].read_text()
+    assert "caches.past(" in source
+    for name in ("fill_level", "exact_fill_level", "first_layer_keys", "cumulative_length", "COUNTER"):
+        assert name not in source.replace("caches.past(", ""), name
