@@ -78,22 +78,15 @@ def build(adapter: Adapter, module: Any, pin: Pin) -> tuple[Patch, ...]:
         found = receiver(cls, hands_to, pin) if isinstance(cls, type) else None
         if found is None:
             raise TypeError(f"{module.__name__}:{adapter.receiver} not found in this transformers release")
-        rows.extend(Patch(cls, *method) for method in found)
+        rows.extend(found)
     users = Users()
     for rotary in rotary_classes(module):
         rows.append(Patch(rotary.cls, "forward", rotary.forward, per_row_forward(rotary, users), users))
     if plan.eager_mask_attr is not None:
         name = plan.eager_mask_attr
         rows.append(Patch(owner, name, owner.__dict__.get(name, ABSENT), SdpaSwitch(name)))
-    layer = caches.recording_requested_lengths()
-    if layer is not None:
-        rows.append(Patch(layer[0], "__init__", *layer[1:]))
-    generation = recording_generated_masks()
-    if generation is not None:
-        rows.append(Patch(generation[0], "prepare_inputs_for_generation", *generation[1:]))
-    attention = by_sequence_sdpa()
-    if attention is not None:
-        rows.append(attention)
+    shared = (caches.recording_requested_lengths(), recording_generated_masks(), by_sequence_sdpa())
+    rows.extend(row for row in shared if row is not None)  # (every adapter's: the ledger counts them)
     unpads = unpads_here(adapter, plan)
     for head in heads:  # (where they are not kept, a head that drops a packed row's inputs drops them)
         hands_on = head.drops and keeps

@@ -21,6 +21,7 @@ from typing import Any, Optional, Union
 import torch
 
 from ._compat import cache_utils
+from .patches import Patch
 from .positions import static_fill_level
 
 __all__ = [
@@ -281,11 +282,11 @@ def _initialized(layer: Any) -> bool:
 _SETUP = ("dtype", "device")  # what a layer's lazy initialization sets besides keys and values
 
 
-def recording_requested_lengths() -> Optional[tuple[type, Any, Any]]:
+def recording_requested_lengths() -> Optional[Patch]:
     """While hfpatch is installed, a static cache's sliding layer (4.54+) records the cache length it was
     asked for (it keeps only ``min(window, length)`` slots and forgets it): the cache's capacity, and
-    the full layer :func:`keep_whole_window` puts in its place. (the layer class, its ``__init__``, the
-    replacement), or None on releases without such a layer."""
+    the full layer :func:`keep_whole_window` puts in its place. The row replacing the layer's
+    ``__init__``, or None on releases without such a layer."""
     layer = _static_sliding_layer()
     if layer is None or "__init__" not in layer.__dict__:
         return None
@@ -296,7 +297,7 @@ def recording_requested_lengths() -> Optional[tuple[type, Any, Any]]:
         init(self, max_cache_len, *args, **kwargs)
         setattr(self, REQUESTED, max_cache_len)
 
-    return layer, init, __init__
+    return Patch(layer, "__init__", init, __init__)
 
 
 def one_buffer_for_all_layers(cache: Any) -> bool:

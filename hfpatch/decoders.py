@@ -55,6 +55,7 @@ import torch
 
 from ._context import CALL, Pin, patched_here
 from .declarations import ALIBI, PADDED_TABLE, RELATIVE_BIAS, SINUSOID, TABLE
+from .patches import Patch
 from .positions import new_token_positions, positions_from_mask
 
 __all__ = ["HANDS_TO", "Pending", "Receiver", "call_with_positions", "receiver"]
@@ -240,14 +241,14 @@ HANDS_TO: dict[str, Receiver] = {
 }
 
 
-def receiver(owner: type, hands_to: str, pin: Pin) -> Optional[list[tuple[str, Callable, Callable]]]:
-    """The methods of ``owner`` (a receiver class) that take handed positions: (name, original,
-    replacement) each; None where the class lacks one of its own; ``TypeError`` where a method is not
-    the one the family's replacement calls."""
+def receiver(owner: type, hands_to: str, pin: Pin) -> Optional[list[Patch]]:
+    """The rows of ``owner`` (a receiver class): its methods that take handed positions; None where the
+    class lacks one of its own; ``TypeError`` where a method is not the one the family's replacement
+    calls."""
     found = []
     for name, make in HANDS_TO[hands_to].methods:
         original = owner.__dict__.get(name)
         if original is None:
             return None
-        found.append((name, original, functools.wraps(original)(make(original, pin))))
+        found.append(Patch(owner, name, original, functools.wraps(original)(make(original, pin))))
     return found

@@ -45,6 +45,7 @@ from .declarations import Adapter
 from .decoders import call_with_positions
 from .observers import WATCHERS, run_watched
 from .packed import packed_rows, positions_from_lengths, warn_not_kept
+from .patches import Patch
 from .plans import NO_SLOTS, SLOTS, SLOTS_REMOVED, Plan
 from .positions import cache_positions, has_holes, new_token_positions
 from .unpad import PADDED, has_padding, unpadding
@@ -472,11 +473,11 @@ def _generated_from(mask: torch.Tensor) -> Optional[torch.Tensor]:
     return generated[1] if generated is not None and generated[0] is mask else None
 
 
-def recording_generated_masks() -> Optional[tuple[type, Any, Any]]:
+def recording_generated_masks() -> Optional[Patch]:
     """While hfpatch is installed, ``generate()``'s input preparation (transformers' own, which models
     that do not override it use) records, in the calling thread, the 2-D mask it turns into a 4-D one
     for a static cache: the next call reads its positions from that mask, as it would from the 2-D
-    mask with a dynamic cache. (the class, its method, the replacement), or None before the method."""
+    mask with a dynamic cache. The row replacing the method, or None before the method."""
     try:
         from transformers.generation.utils import GenerationMixin
     except ImportError:
@@ -502,7 +503,7 @@ def recording_generated_masks() -> Optional[tuple[type, Any, Any]]:
             CALL.generated = None
         return inputs
 
-    return GenerationMixin, prepare, prepare_inputs_for_generation
+    return Patch(GenerationMixin, "prepare_inputs_for_generation", prepare, prepare_inputs_for_generation)
 
 
 def _inputs(kwargs: dict, rank: int = 2) -> Optional[torch.Tensor]:

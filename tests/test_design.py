@@ -326,3 +326,15 @@ def test_the_fill_level_is_read_in_caches():
     assert "caches.past(" in source
     for name in ("fill_level", "exact_fill_level", "first_layer_keys", "cumulative_length", "COUNTER"):
         assert name not in source.replace("caches.past(", ""), name
+
+
+def test_every_row_is_a_patch_from_its_factory():
+    """The factories build.py calls hand back ``Patch`` rows (a receiver's methods, the sliding layer's
+    ``__init__``, generate()'s input preparation, the SDPA entry): build.py unpacks no tuple into a row,
+    and no row is built outside the modules that know what it replaces."""
+    tree = ast.parse(MODULES["hfpatch.build"].read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Patch":
+            assert not any(isinstance(arg, ast.Starred) for arg in node.args), ast.unparse(node)
+            assert not any(isinstance(arg, ast.Subscript) for arg in node.args), ast.unparse(node)
+    assert "Patch(" not in MODULES["hfpatch.engine"].read_text(), "the engine installs rows, builds none"
