@@ -47,7 +47,7 @@ from .observers import WATCHERS, run_watched
 from .packed import packed_rows, positions_from_lengths, warn_not_kept
 from .patches import Patch
 from .plans import NO_SLOTS, SLOTS, SLOTS_REMOVED, Plan
-from .positions import cache_positions, has_holes, new_token_positions
+from .positions import cache_positions, call_inputs, has_holes, new_token_positions
 from .unpad import PADDED, has_padding, unpadding
 from .windows import MASK_FUNCTIONS, NO_4D_MASK, MaskPlan, apply_masks, configured_window, packed_not_kept
 
@@ -117,7 +117,7 @@ def make_forward(adapter: Adapter, original: Callable, plan: Plan, pin: Pin) -> 
                     kwargs["position_ids"] = CALL.handed
                 CALL.handed = None
             if ("cu_seq_lens_q" in kwargs or "seq_idx" in kwargs) and PACKED[0]:  # sequences given by length
-                positions_from_lengths(kwargs, _inputs(kwargs, plan.ids_rank))
+                positions_from_lengths(kwargs, call_inputs(kwargs, plan.ids_rank))
             eager, packed = False, None
             if from_mask:
                 derived = None  # nothing to derive: stock's own positions are right
@@ -224,7 +224,7 @@ def given_masks(model: Any, adapter: Adapter, plan: Plan, kwargs: dict, cache: A
     positions stay the caller's."""
     masks = plan.masks
     if PACKED[0]:
-        found = packed_rows(kwargs, _inputs(kwargs, plan.ids_rank))
+        found = packed_rows(kwargs, call_inputs(kwargs, plan.ids_rank))
         if found is not None:
             mask, positions, segment_ids = found
             why = _not_kept(model, adapter, masks, kwargs)
@@ -256,7 +256,7 @@ def given_windows(model: Any, plan: Plan, masks: MaskPlan, kwargs: dict, cache: 
     (a padded cached prefix continued), the windows are decided by position, as for derived positions;
     the positions stay the caller's. A mask without holes is left to stock (bit-identical): its windows
     by cache column are right. In eager mode only (the check reads the mask; traced code is stock's)."""
-    mask, tokens = kwargs.get("attention_mask"), _inputs(kwargs, plan.ids_rank)
+    mask, tokens = kwargs.get("attention_mask"), call_inputs(kwargs, plan.ids_rank)
     if mask.__class__ is not Tensor or mask.dim() != 2 or tokens is None or torch.compiler.is_compiling():
         return
     num_new, mask_len = tokens.shape[1], mask.shape[1]
@@ -277,7 +277,7 @@ def given_windows(model: Any, plan: Plan, masks: MaskPlan, kwargs: dict, cache: 
 def _continues_a_prefix(kwargs: dict) -> bool:
     """Positions to derive for several new tokens after a cached prefix: the calls 4.36-4.37's SDPA
     mask code (``_unmask_unattended``) gets wrong (``Adapter.eager_mask``)."""
-    mask, tokens = _mask_to_read(kwargs), _inputs(kwargs)
+    mask, tokens = _mask_to_read(kwargs), call_inputs(kwargs)
     return mask is not None and mask.dim() == 2 and tokens is not None and 1 < tokens.shape[1] < mask.shape[1]
 
 
@@ -337,12 +337,10 @@ def fill_positions(model: Any, plan: Plan, kwargs: dict, cache: Any) -> Derived:
         if mask is None:
             return None  # a 4-D mask: the caller's
         shape = mask.shape
-    tokens, rank = (kwargs["input_ids"] if "input_ids" in kwargs else None), plan.ids_rank
+    tokens = call_inputs(kwargs, plan.ids_rank)
     if tokens is None:
-        tokens, rank = kwargs.get("inputs_embeds"), 3
-    inputs = tokens.shape if tokens is not None else ()
-    if len(inputs) != rank:
         return None
+    inputs = tokens.shape
     if len(shape) != 2 or shape[0] != inputs[0]:
         _checked_length(mask, tokens)  # raises, saying which
     num_new, mask_len = inputs[1], shape[1]
@@ -449,7 +447,7 @@ def _mask_to_read(kwargs: dict) -> Optional[torch.Tensor]:
 def _call_inputs(kwargs: dict, rank: int = 2) -> Optional[tuple[torch.Tensor, int, Optional[torch.Tensor]]]:
     """(the inputs, how many new tokens, the mask positions are derived from: checked, or None), or
     None for a call without inputs hfpatch reads (see :func:`_inputs`)."""
-    tokens = _inputs(kwargs, rank)
+    tokens = call_inputs(kwargs, rank)
     if tokens is None:
         return None
     mask = _mask_to_read(kwargs)
@@ -504,16 +502,6 @@ def recording_generated_masks() -> Optional[Patch]:
         return inputs
 
     return Patch(GenerationMixin, "prepare_inputs_for_generation", prepare, prepare_inputs_for_generation)
-
-
-def _inputs(kwargs: dict, rank: int = 2) -> Optional[torch.Tensor]:
-    """``input_ids`` ``[batch, new]`` (``rank`` 3: audio codes ``[batch, new, channels]``) or
-    ``inputs_embeds`` ``[batch, new, hidden]``; ``None`` for none (transformers raises its own error) or
-    GPT-2's multiple-choice ``[batch, choices, tokens]`` (stock)."""
-    tokens = kwargs.get("input_ids")
-    if tokens is None:
-        tokens, rank = kwargs.get("inputs_embeds"), 3
-    return tokens if tokens is not None and tokens.dim() == rank else None
 
 
 def _checked_length(mask: torch.Tensor, tokens: torch.Tensor) -> int:

@@ -23,6 +23,7 @@ import torch
 
 __all__ = [
     "cache_positions",
+    "call_inputs",
     "has_holes",
     "new_token_positions",
     "packed_stock_error",
@@ -36,6 +37,17 @@ __all__ = [
     "stock_error",
     "window_mask",
 ]
+
+
+def call_inputs(kwargs: dict, rank: int = 2) -> Optional[torch.Tensor]:
+    """A call's inputs, from its arguments by name (the one place hfpatch reads them): ``input_ids``
+    ``[batch, new]`` (``rank`` 3: audio codes ``[batch, new, channels]``), else ``inputs_embeds``
+    ``[batch, new, hidden]``; ``None`` for none (transformers raises its own error) or inputs of another
+    shape (GPT-2's multiple choice ``[batch, choices, tokens]``: stock's)."""
+    tokens = kwargs.get("input_ids")
+    if tokens is None:
+        tokens, rank = kwargs.get("inputs_embeds"), 3
+    return tokens if isinstance(tokens, torch.Tensor) and tokens.dim() == rank else None
 
 
 def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:

@@ -35,6 +35,7 @@ from .caches import capacity, first_layer_keys, past_length
 from .judge import the_masks_positions
 from .observers import SHADOW_COUNTS, call_site, fingerprint
 from .packed import packed_rows
+from .positions import call_inputs
 from .rope import scaled_rope
 from .tolerances import FP32, relative
 
@@ -191,10 +192,7 @@ class _Watcher:
         or None."""
         kwargs, model = seen.kwargs, seen.model
         mask = kwargs.get("attention_mask")
-        ids = kwargs.get("input_ids")
-        tokens = ids if ids is not None else kwargs.get("inputs_embeds")
-        if tokens is not None and tokens.dim() != (2 if ids is not None else 3):
-            tokens = None
+        ids, tokens = kwargs.get("input_ids"), call_inputs(kwargs)
         found = packed_rows(kwargs, tokens) if kwargs.get("position_ids") is not None else None
         if found is None and (not isinstance(mask, torch.Tensor) or mask.dim() != 2):
             return None  # no padding to check (or a 4-D mask: the caller's own)
@@ -390,10 +388,7 @@ def _slots_after_the_cache(slots: Any, cache: Any, tokens: Any) -> bool:
 
 
 def _new_tokens(seen: Any) -> int:
-    kwargs = seen.kwargs
-    tokens = kwargs.get("input_ids")
-    tokens = tokens if tokens is not None else kwargs["inputs_embeds"]
-    return tokens.shape[1]
+    return call_inputs(seen.kwargs).shape[1]
 
 
 def _outputs(result: Any) -> torch.Tensor:
