@@ -23,7 +23,6 @@ thread that wants a class another thread is checking waits for its verdict.
 from __future__ import annotations
 
 import inspect
-import re
 import sys
 import threading
 import types
@@ -34,6 +33,7 @@ from typing import Any, NamedTuple, Optional
 from ._context import Pin
 from .declarations import Adapter, Family
 from .patches import ABSENT, Ledger, Patch
+from .sources import fills_positions_when_none, source_of
 
 __all__ = [
     "CHECKS",
@@ -48,7 +48,6 @@ __all__ = [
 ]
 
 CUSTOM = Family("custom")  # takes position_ids, as transformers' own decoders do
-_NONE_CHECK = re.compile(r"\bposition_ids\s+is\s+(not\s+)?None\b")
 
 
 class Recognised(NamedTuple):
@@ -72,8 +71,10 @@ def recognise(cls: type, taken: Any) -> Optional[Recognised]:
         return None
     try:
         parameters = inspect.signature(forward).parameters
-        source = inspect.getsource(inspect.unwrap(forward))
-    except (OSError, TypeError, ValueError):
+    except (TypeError, ValueError):
+        return None
+    source = source_of(forward)
+    if source is None:
         return None
     takes_inputs = "input_ids" in parameters or "inputs_embeds" in parameters
     if not (takes_inputs and "attention_mask" in parameters and any(n in parameters for n in CACHE_NAMES)):
@@ -82,7 +83,7 @@ def recognise(cls: type, taken: Any) -> Optional[Recognised]:
     target = f"{cls.__module__}:{cls.__qualname__}.forward"
     if "position_ids" not in parameters:
         return Recognised(cls, arch, None, f"{target} takes no position_ids: its positions are its own")
-    if not _NONE_CHECK.search(source):
+    if not fills_positions_when_none(source):
         return None  # hands position_ids on (a wrapper): its base model is the one recognised
     how = "recognised from its forward (input_ids, attention_mask, a cache, position_ids it fills when None)"
     adapter = Adapter(arch, cls.__name__, CUSTOM, "", source=cls.__module__, recognised=how)

@@ -5,8 +5,6 @@ it by positions, read from its arguments before it runs, by the rules hfpatch's 
 from __future__ import annotations
 
 import contextlib
-import inspect
-import re
 import sys
 import threading
 import weakref
@@ -22,6 +20,7 @@ from .observers import call_site, fingerprint, keys_fingerprint
 from .packed import packed_rows
 from .positions import new_token_positions, packed_stock_error, stock_error
 from .rope import DYNAMIC, scaled_rope
+from .sources import hands_positions_to_mask_functions, source_of
 from .support import in_range, installed_transformers
 from .windows import CHUNKED, layer_types, positional, text_config, window_of
 
@@ -176,19 +175,8 @@ def _detects_packing(model: Any, adapter: Any) -> bool:
     if getattr(masking, "find_packed_sequence_indices", None) is None:
         return False
     owner = next((type(m) for m in model.modules() if type(m).__name__ == adapter.cls), None)
-    try:
-        source = inspect.getsource(inspect.unwrap(owner.forward)) if owner is not None else ""
-    except (OSError, TypeError):
-        return False
-    return bool(_HANDS_POSITIONS.search(source))
-
-
-# a call of masking_utils' mask functions that passes the positions (or a dict of their arguments with them)
-# (or the one it picked: ``mask_function = create_causal_mask if ... else create_sliding_window_causal_mask``)
-_HANDS_POSITIONS = re.compile(
-    r"(?:create_(?:causal|sliding_window_causal|chunked_causal)_mask|mask_function)\((?:[^()]|\([^()]*\))*"
-    r"position_ids|[\"']position_ids[\"']\s*:\s*position_ids"
-)
+    source = source_of(owner.forward) if owner is not None else None
+    return source is not None and hands_positions_to_mask_functions(source)
 
 
 def _judge(seen: Any, facts: _Facts, numbering: Any = None) -> Any:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import ast
 import functools
 import inspect
-import textwrap
 from collections.abc import Callable
 from typing import Any, NamedTuple, Optional
 
@@ -38,6 +37,7 @@ from . import caches
 from ._context import CALL, PACKED, Pin, Users, patched_here, warn_once
 from .patches import Ledger, Patch
 from .positions import positions_in_segments, restarts, segments, segments_from_lengths
+from .sources import forward_tree
 
 __all__ = [
     "Groups",
@@ -127,8 +127,10 @@ def task_heads(module: Any, owner: type) -> list[Head]:
             continue
         try:
             params = inspect.signature(forward).parameters
-            tree = ast.parse(textwrap.dedent(inspect.getsource(inspect.unwrap(forward))))
-        except (OSError, TypeError, ValueError, SyntaxError):
+        except (TypeError, ValueError):
+            continue
+        tree = forward_tree(forward)
+        if tree is None:
             continue
         var = next((p.name for p in params.values() if p.kind is inspect.Parameter.VAR_KEYWORD), None)
         calls = [  # self.<base model>(...): does it hand the kwargs on?

@@ -16,8 +16,8 @@ Terms, as in transformers:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Optional, Union
+from collections.abc import Callable, Sequence
+from typing import Any, Optional, Union
 
 import torch
 
@@ -25,6 +25,7 @@ __all__ = [
     "cache_positions",
     "call_inputs",
     "has_holes",
+    "keys_seen",
     "new_token_positions",
     "packed_stock_error",
     "positions_from_mask",
@@ -275,8 +276,8 @@ def window_mask(
     positions: Optional[torch.Tensor] = None,
     segment_ids: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """Which cache slots each new token attends to: the one rule of which keys a query may see, decided by
-    positions (not by slots, which count the holes of a padded cached prefix).
+    """Which cache slots each new token attends to: :func:`keys_seen`'s rule rendered as a dense mask,
+    decided by positions (not by slots, which count the holes of a padded cached prefix).
 
     A key is attended to when it is real, not after the query, in the query's packed sequence
     (``segment_ids``), and (``window``) less than ``window`` positions before it, or (``chunk``) in the
@@ -309,29 +310,61 @@ def window_mask(
                   [1, 1, 0],
                   [0, 0, 1]]]], dtype=torch.int32)
     """
+    seen = keys_seen(attention_mask, window, chunk, positions=positions, segment_ids=segment_ids)
+    batch = torch.arange(attention_mask.shape[0], device=attention_mask.device)[:, None, None]
+    return seen(batch, None, query_slots[None, :, None], key_slots[None, None, :])[:, None]
+
+
+def keys_seen(
+    attention_mask: torch.Tensor,
+    window: Optional[int] = None,
+    chunk: Optional[int] = None,
+    *,
+    positions: Optional[torch.Tensor] = None,
+    segment_ids: Optional[torch.Tensor] = None,
+) -> Callable[[Any, Any, Any, Any], torch.Tensor]:
+    """The one rule of which keys a query may see, as a ``mask_mod(batch, head, query, key)`` over slot
+    indices: a key is seen when it is real, not after the query, in the query's packed sequence
+    (``segment_ids``), and (``window``) less than ``window`` positions before it, or (``chunk``) in the
+    same chunk of ``chunk`` positions; a query always sees its own slot. Every mask hfpatch builds is a
+    rendering of it: dense (:func:`window_mask`, indices that broadcast) or flex attention's
+    ``BlockMask`` (:mod:`hfpatch.windows`, indices one at a time), as transformers' own mask functions
+    are rendered. Arguments as :func:`window_mask`'s, over the same ``[batch, length]`` slots.
+
+    Each part closes over one tensor: the CPU flex kernel of torch 2.13 fails to compile a ``mask_mod``
+    that closes over several ("'cur_kvSplitSize' was not declared")."""
     real = attention_mask != 0
-    allowed = real.index_select(1, key_slots)[:, None, :] & (key_slots[None, :] <= query_slots[:, None])[None]
+    rows = real.shape[0]
+    parts = [_key_is(real)]
     if segment_ids is not None:
-        query_segment, key_segment = (
-            segment_ids.index_select(1, query_slots),
-            segment_ids.index_select(1, key_slots),
-        )
-        allowed = allowed & (query_segment[:, :, None] == key_segment[:, None, :])
+        parts.append(_same(segment_ids.expand(rows, -1).contiguous()))
     if window is not None or chunk is not None:
         position = real.cumsum(-1).sub_(1).clamp_(min=0) if positions is None else positions
-        key_position, query_position = (
-            position.index_select(1, key_slots),
-            position.index_select(1, query_slots),
-        )
+        position = position.expand(rows, -1).contiguous()
         if window is not None:
-            allowed = allowed & ((query_position[:, :, None] - key_position[:, None, :]) < window)
+            parts.append(_within(position, window))
         if chunk is not None:
-            same = (
-                query_position.div(chunk, rounding_mode="floor")[:, :, None]
-                == key_position.div(chunk, rounding_mode="floor")[:, None, :]
-            )
-            allowed = allowed & same
-    return (allowed | (key_slots[None, :] == query_slots[:, None])[None])[:, None]
+            parts.append(_same(position.div(chunk, rounding_mode="floor")))
+
+    def mask_mod(b: Any, head: Any, query: Any, key: Any) -> torch.Tensor:
+        seen = key <= query
+        for part in parts:
+            seen = seen & part(b, query, key)
+        return seen | (key == query)
+
+    return mask_mod
+
+
+def _key_is(real: torch.Tensor) -> Callable[[Any, Any, Any], torch.Tensor]:
+    return lambda b, query, key: real[b, key]
+
+
+def _same(values: torch.Tensor) -> Callable[[Any, Any, Any], torch.Tensor]:
+    return lambda b, query, key: values[b, query] == values[b, key]
+
+
+def _within(positions: torch.Tensor, window: int) -> Callable[[Any, Any, Any], torch.Tensor]:
+    return lambda b, query, key: positions[b, query] - positions[b, key] < window
 
 
 def static_fill_level(keys: torch.Tensor) -> torch.Tensor:

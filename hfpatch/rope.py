@@ -29,7 +29,6 @@ back. Compile-safe: no ``.item()``, no branch on tensor values.
 from __future__ import annotations
 
 import functools
-import inspect
 import threading
 from collections.abc import Callable
 from typing import Any, NamedTuple, Optional
@@ -38,6 +37,7 @@ import torch
 
 from ._compat import modeling_rope_utils
 from ._context import Users
+from .sources import source_of
 
 __all__ = [
     "DYNAMIC",
@@ -302,9 +302,8 @@ def _decorator_code() -> Any:
 def _broadcasts(raw: Callable) -> bool:
     """The body multiplies ``position_ids[..., None]`` by the frequencies (5.19+): a ``[batch, 1, dim/2]``
     attribute gives per-row frequencies in one call. Earlier bodies expand them to the batch."""
-    try:
-        source = inspect.getsource(raw)
-    except (OSError, TypeError):
+    source = source_of(raw)
+    if source is None:
         return False
     return "position_ids[..., None]" in source and "[None, :, None]" not in source
 
@@ -312,6 +311,6 @@ def _broadcasts(raw: Callable) -> bool:
 def _ntk_takes_tensors() -> bool:
     """The release's NTK function takes a tensor length (4.56+; before, it branches on it in Python)."""
     if "known" not in _TENSOR_NTK:
-        source = inspect.getsource(modeling_rope_utils._compute_dynamic_ntk_parameters)
-        _TENSOR_NTK["known"] = "torch.maximum" in source
+        source = source_of(modeling_rope_utils._compute_dynamic_ntk_parameters)
+        _TENSOR_NTK["known"] = source is not None and "torch.maximum" in source
     return _TENSOR_NTK["known"]

@@ -13,8 +13,9 @@ hfpatch derives (or the caller's, where they restart in a row), on a model whose
 1. the cache keeps every key: sliding or chunked cache layers that have dropped nothing yet are
    swapped for full ones (the window is then the mask's job; a cache the model would create itself is
    created here, as it would be, so that its layers can be swapped);
-2. the masks are built here from the 2-D mask (:func:`hfpatch.positions.window_mask`: real, causal, in
-   the query's packed sequence, within the window by position), one per layer type, and handed to the
+2. the masks are built here from the 2-D mask by the one rule (:func:`hfpatch.positions.keys_seen`:
+   real, causal, in the query's packed sequence, within the window by position), rendered dense or as
+   flex attention's ``BlockMask``, one per layer type, and handed to the
    model as the ``{layer_type: mask}`` dict its forward takes (4.53+), or as the one 4-D mask of a model
    with one layer type, in the form its mask code reads (:data:`FORMS`).
 
@@ -26,18 +27,16 @@ own mask for a packed row).
 
 from __future__ import annotations
 
-import ast
 import inspect
-import re
 import sys
-import textwrap
 from typing import Any, NamedTuple, Optional, Union
 
 import torch
 
 from . import caches
 from ._compat import cache_utils
-from .positions import cache_positions, sequence_lengths, window_mask
+from .positions import cache_positions, keys_seen, sequence_lengths, window_mask
+from .sources import passes_4d_mask_as_given, source_of, takes_mask_dict, unreadable_with_mask_dict
 
 __all__ = [
     "FORMS",
@@ -74,10 +73,6 @@ CREATORS = (
     "create_causal_mask", "create_sliding_window_causal_mask", "create_chunked_causal_mask",
     "create_masks_for_generate",
 )  # fmt: skip
-# ``if not isinstance(causal_mask_mapping := attention_mask, dict):``, whatever the name
-# (the walrus in parentheses too: ast.unparse writes it so)
-_TAKES_DICT = re.compile(r"isinstance\(\s*\(?\s*\w+\s*:=\s*attention_mask\s*\)?\s*,\s*dict\s*\)")
-_AS_GIVEN = re.compile(r"(?:dim\(\)|ndim) == 4:(?:\s*#[^\n]*)*\s*causal_mask = attention_mask\b")
 
 
 class MaskPlan(NamedTuple):
@@ -108,19 +103,18 @@ def mask_plan(owner: type, packed: bool = True) -> Optional[MaskPlan]:
     applies a window in eager or SDPA attention (from 4.42; Qwen2, Mixtral, Starcoder2, Phi-3 before
     4.53 apply one only in flash attention, over unpadded rows, so a windowed mask would make them wrong).
     ``packed``: whether a packed row is kept to its sequences (False: seq2seq decoders)."""
-    try:
-        source = inspect.getsource(inspect.unwrap(owner.forward))
-        update = getattr(owner, "_update_causal_mask", None)
-        update_source = inspect.getsource(update) if update is not None else ""
-        # the 4-D mask it builds: a static method (4.44, 4.46+) or a function of its module (4.45)
-        name = "_prepare_4d_causal_attention_mask_with_cache_position"
-        builder = getattr(owner, name, None) or getattr(sys.modules.get(owner.__module__), name, None)
-        builder_source = inspect.getsource(builder) if builder is not None else ""
-    except (OSError, TypeError):
+    update = getattr(owner, "_update_causal_mask", None)
+    # the 4-D mask it builds: a static method (4.44, 4.46+) or a function of its module (4.45)
+    name = "_prepare_4d_causal_attention_mask_with_cache_position"
+    builder = getattr(owner, name, None) or getattr(sys.modules.get(owner.__module__), name, None)
+    source, update_source, builder_source = (
+        source_of(function) if function is not None else "" for function in (owner.forward, update, builder)
+    )
+    if source is None or update_source is None or builder_source is None:
         return None
     # 4.53+: masks per layer type (a seq2seq decoder's: ``self_attn_mask_mapping``)
-    takes_dict = bool(_TAKES_DICT.search(source))
-    if takes_dict and _dict_skips_a_name(source):
+    takes_dict = takes_mask_dict(source)
+    if takes_dict and unreadable_with_mask_dict(source):
         return None  # the forward cannot take the masks as a dict: its masks stay transformers'
     masking_utils = takes_dict or any(
         name in source for name in ("create_sliding_window_causal_mask", "create_chunked_causal_mask")
@@ -128,7 +122,7 @@ def mask_plan(owner: type, packed: bool = True) -> Optional[MaskPlan]:
     windowed = masking_utils or "sliding_window" in update_source
     if takes_dict or any(name in source + update_source for name in CREATORS):
         form = MASK_FUNCTIONS
-    elif _AS_GIVEN.search(update_source + builder_source) or (windowed and update_source):
+    elif passes_4d_mask_as_given(update_source + builder_source) or (windowed and update_source):
         form = ADDITIVE
     elif "mask_slice" in update_source:
         form = BINARY
@@ -152,28 +146,6 @@ def _flash_takes_lengths() -> bool:
         return forward is not None and "cu_seq_lens_q" in inspect.signature(forward).parameters
     except (TypeError, ValueError):
         return False
-
-
-def _dict_skips_a_name(source: str) -> bool:
-    """Whether a forward that builds its masks unless given a ``{layer_type: mask}`` dict reads, outside
-    that block, a name only the block assigns: given the dict, it would raise (T5Gemma 2's decoder on
-    5.4-5.14 defines a mask function there and uses it for the cross-attention mask)."""
-    try:
-        forward = ast.parse(textwrap.dedent(source)).body[0]
-    except SyntaxError:  # source this cannot read: assume the dict is taken, as the forward says
-        return False
-
-    def names(nodes: Any, context: type) -> set[str]:
-        return {node.id for node in nodes if isinstance(node, ast.Name) and isinstance(node.ctx, context)}
-
-    for block in ast.walk(forward):
-        if isinstance(block, ast.If) and _TAKES_DICT.search(ast.unparse(block.test)):
-            inner = list(ast.walk(block))
-            mine = {id(node) for node in inner}
-            outer = [node for node in ast.walk(forward) if id(node) not in mine]
-            only_here = names(inner, ast.Store) - names(ast.walk(block.test), ast.Store)
-            return bool((only_here - names(outer, ast.Store)) & names(outer, ast.Load))
-    return False
 
 
 def apply_masks(
@@ -418,40 +390,13 @@ def _block_mask(
     mask: torch.Tensor, positions: torch.Tensor, segment_ids: torch.Tensor,
     window: Optional[int], chunk: Optional[int],
 ) -> Any:  # fmt: skip
-    """Flex attention's ``BlockMask`` of a packed row with nothing cached: the rule of
-    :func:`hfpatch.positions.window_mask` as a ``mask_mod`` over ``[batch, length]`` tensors, as
-    transformers' own mask functions are (nothing ``length x length`` is made). One closure per tensor:
-    the CPU flex kernel of torch 2.13 fails to compile a ``mask_mod`` that closes over several
-    ("'cur_kvSplitSize' was not declared")."""
+    """Flex attention's ``BlockMask`` of a packed row with nothing cached: :func:`keys_seen`'s rule over
+    ``[batch, length]`` tensors, as transformers' own mask functions are (nothing ``length x length`` is
+    made)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    batch, length = mask.shape
-    segment_ids, positions = (t.expand(batch, length).contiguous() for t in (segment_ids, positions))
-    parts = [_key_is(mask != 0), _same(segment_ids)]
-    if window is not None:
-        parts.append(_within(positions, window))
-    if chunk is not None:
-        parts.append(_same(positions.div(chunk, rounding_mode="floor")))
-
-    def mask_mod(b: Any, head: Any, query: Any, key: Any) -> Any:
-        seen = key <= query
-        for part in parts:
-            seen = seen & part(b, query, key)
-        return seen | (key == query)
-
-    return create_block_mask(mask_mod, batch, None, length, length, device=mask.device)
-
-
-def _key_is(real: torch.Tensor) -> Any:
-    return lambda b, query, key: real[b, key]
-
-
-def _same(values: torch.Tensor) -> Any:
-    return lambda b, query, key: values[b, query] == values[b, key]
-
-
-def _within(positions: torch.Tensor, window: int) -> Any:
-    return lambda b, query, key: positions[b, query] - positions[b, key] < window
+    seen = keys_seen(mask, window, chunk, positions=positions, segment_ids=segment_ids)
+    return create_block_mask(seen, mask.shape[0], None, mask.shape[1], mask.shape[1], device=mask.device)
 
 
 def _new_cache(config: Any, decoder: bool = False) -> Any:

@@ -338,3 +338,37 @@ def test_every_row_is_a_patch_from_its_factory():
             assert not any(isinstance(arg, ast.Starred) for arg in node.args), ast.unparse(node)
             assert not any(isinstance(arg, ast.Subscript) for arg in node.args), ast.unparse(node)
     assert "Patch(" not in MODULES["hfpatch.engine"].read_text(), "the engine installs rows, builds none"
+
+
+def test_the_rule_of_which_keys_a_query_sees_is_written_once():
+    """``positions.keys_seen`` is the one rule (real, causal, same sequence, window, chunk); the dense
+    mask and flex attention's ``BlockMask`` are its renderings: no other module compares a key's index
+    with a query's, and both renderers call it."""
+    compared = []
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):
+                names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+                if {"key", "query"} <= names or {"key_slots", "query_slots"} <= names:
+                    compared.append(name)
+    assert set(compared) == {"hfpatch.positions"}, compared
+    assert MODULES["hfpatch.windows"].read_text().count("keys_seen(") == 1  # the BlockMask
+    source = MODULES["hfpatch.positions"].read_text()
+    assert "seen = keys_seen(" in source.split("def window_mask(")[1].split("\ndef ")[0]
+
+
+def test_source_code_is_read_in_one_room():
+    """Reading a function's source (``inspect.getsource``) and the patterns looked for in it (``re``) are
+    hfpatch/sources.py's; the rooms that decide from the code (windows, judge, custom, packed, rope) call
+    its readers (the command line's own argument patterns aside)."""
+    offenders = []
+    for name, path in MODULES.items():
+        if name in ("hfpatch.sources", "hfpatch.cli"):
+            continue
+        source = path.read_text()
+        if "getsource" in source or "re.compile" in source:
+            offenders.append(name)
+    assert not offenders, offenders
+    readers = {"hfpatch.windows", "hfpatch.judge", "hfpatch.custom", "hfpatch.packed", "hfpatch.rope"}
+    assert {name for name, imported in GRAPH.items() if "hfpatch.sources" in imported} >= readers
+    assert GRAPH["hfpatch.sources"] == set() and not _imports_torch_at_import("hfpatch.sources")

@@ -1,0 +1,97 @@
+"""What hfpatch reads of transformers' source code (and of a model class outside it), in one room: a
+function's source, its syntax tree, and the patterns looked for in them. Read once when a class is
+patched, or a model first judged, never per call. Each reader returns what it found, or that it could
+not read (source of a compiled or dynamically made function: :func:`source_of` gives None), and the
+callers decide what that means for them."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import re
+import textwrap
+from typing import Any, Optional
+
+__all__ = [
+    "fills_positions_when_none",
+    "forward_tree",
+    "hands_positions_to_mask_functions",
+    "passes_4d_mask_as_given",
+    "source_of",
+    "takes_mask_dict",
+    "unreadable_with_mask_dict",
+]
+
+# ``if not isinstance(causal_mask_mapping := attention_mask, dict):``, whatever the name
+# (the walrus in parentheses too: ast.unparse writes it so)
+_TAKES_DICT = re.compile(r"isinstance\(\s*\(?\s*\w+\s*:=\s*attention_mask\s*\)?\s*,\s*dict\s*\)")
+_AS_GIVEN = re.compile(r"(?:dim\(\)|ndim) == 4:(?:\s*#[^\n]*)*\s*causal_mask = attention_mask\b")
+_NONE_CHECK = re.compile(r"\bposition_ids\s+is\s+(not\s+)?None\b")
+# a call of masking_utils' mask functions that passes the positions (or a dict of their arguments with them)
+# (or the one it picked: ``mask_function = create_causal_mask if ... else create_sliding_window_causal_mask``)
+_HANDS_POSITIONS = re.compile(
+    r"(?:create_(?:causal|sliding_window_causal|chunked_causal)_mask|mask_function)\((?:[^()]|\([^()]*\))*"
+    r"position_ids|[\"']position_ids[\"']\s*:\s*position_ids"
+)
+
+
+def source_of(function: Any) -> Optional[str]:
+    """The source of ``function`` (unwrapped: a decorated forward's own), or None where it has none."""
+    try:
+        return inspect.getsource(inspect.unwrap(function))
+    except (OSError, TypeError, ValueError):
+        return None
+
+
+def forward_tree(function: Any) -> Optional[ast.AST]:
+    """The syntax tree of ``function``'s source, or None where it cannot be read."""
+    source = source_of(function)
+    if source is None:
+        return None
+    try:
+        return ast.parse(textwrap.dedent(source))
+    except SyntaxError:
+        return None
+
+
+def takes_mask_dict(source: str) -> bool:
+    """A forward that takes ``{layer_type: mask}`` as its ``attention_mask`` (4.53+)."""
+    return bool(_TAKES_DICT.search(source))
+
+
+def passes_4d_mask_as_given(source: str) -> bool:
+    """Mask code that uses a 4-D ``attention_mask`` as it is (``causal_mask = attention_mask``)."""
+    return bool(_AS_GIVEN.search(source))
+
+
+def fills_positions_when_none(source: str) -> bool:
+    """A forward that computes positions itself where none are given (it compares them with None)."""
+    return bool(_NONE_CHECK.search(source))
+
+
+def hands_positions_to_mask_functions(source: str) -> bool:
+    """A forward that passes its positions to masking_utils' mask functions (which then find the packed
+    sequences in them)."""
+    return bool(_HANDS_POSITIONS.search(source))
+
+
+def unreadable_with_mask_dict(source: str) -> bool:
+    """Whether a forward that builds its masks unless given a ``{layer_type: mask}`` dict reads, outside
+    that block, a name only the block assigns: given the dict, it would raise (T5Gemma 2's decoder on
+    5.4-5.14 defines a mask function there and uses it for the cross-attention mask)."""
+    try:
+        forward = ast.parse(textwrap.dedent(source)).body[0]
+    except SyntaxError:  # source this cannot read: assume the dict is taken, as the forward says
+        return False
+
+    def names(nodes: Any, context: type) -> set[str]:
+        return {node.id for node in nodes if isinstance(node, ast.Name) and isinstance(node.ctx, context)}
+
+    for block in ast.walk(forward):
+        if isinstance(block, ast.If) and _TAKES_DICT.search(ast.unparse(block.test)):
+            inner = list(ast.walk(block))
+            mine = {id(node) for node in inner}
+            outer = [node for node in ast.walk(forward) if id(node) not in mine]
+            only_here = names(inner, ast.Store) - names(ast.walk(block.test), ast.Store)
+            return bool((only_here - names(outer, ast.Store)) & names(outer, ast.Load))
+    return False
