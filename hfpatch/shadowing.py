@@ -25,7 +25,7 @@ import threading
 import warnings
 import weakref
 from collections.abc import Iterator
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import torch
 
@@ -156,13 +156,178 @@ def _same(stamp: Any, cache: Any) -> bool:
     return stamp[0]() is keys and stamp[1] == keys._version
 
 
+class _Caches:
+    """The caches the shadow follows: the tokens each has seen, so that a call continuing one is rerun
+    as its whole row (a deep copy of a followed cache, a prompt reused, is known again)."""
+
+    def __init__(self) -> None:
+        self.followed: dict[int, _Followed] = {}  # id(cache) -> what it holds
+
+    def whole(self, cache: Any, ids: Optional[torch.Tensor], mask: torch.Tensor) -> Any:
+        """The tokens of every row so far, the cached ones and ``ids``: None where ``cache`` is not
+        followed, :data:`CHANGED` where it changed since the last call seen (it is let go)."""
+        followed = self.followed.get(id(cache))
+        if followed is None or followed.ref() is not cache:
+            followed = self._copied(cache)
+            if followed is None:
+                return None
+        if (
+            ids is None
+            or not _same(followed.stamp, cache)
+            or mask.shape[1] != followed.ids.shape[1] + ids.shape[1]
+        ):
+            del self.followed[id(cache)]
+            return CHANGED
+        return torch.cat([followed.ids, ids], dim=1)
+
+    def follow(self, seen: Any, cache: Any, whole: Optional[torch.Tensor], result: Any) -> None:
+        """After a call: the cache it returned, with the tokens it now holds."""
+        out = None if isinstance(result, (tuple, list)) else output_cache(result)
+        if out is None or isinstance(out, (tuple, list)):
+            return
+        ids = whole if whole is not None else (
+            seen.kwargs["input_ids"] if cache is None else
+            torch.cat([self.followed[id(cache)].ids, seen.kwargs["input_ids"]], dim=1)
+        )  # fmt: skip
+        if cache is not None and out is not cache:
+            self.followed.pop(id(cache), None)
+        before = self.followed.get(id(out))
+        self.followed[id(out)] = _Followed(out, ids)
+        if before is None or before.ref() is not out:  # forgotten when the cache is
+            weakref.finalize(out, self.followed.pop, id(out), None)
+
+    def _copied(self, cache: Any) -> Optional[_Followed]:
+        """A followed cache that ``cache`` is a copy of (the same length and newest keys), now followed
+        under ``cache`` too; None if none."""
+        stamp = fingerprint(cache)
+        if stamp is None:
+            return None
+        for followed in list(self.followed.values()):
+            other = followed.ref()
+            if other is None or other is cache or not _same(followed.stamp, other):
+                continue
+            if followed.ids.shape[1] == stamp[0] and fingerprint(other) == stamp:
+                copy = _Followed(cache, followed.ids)
+                self.followed[id(cache)] = copy
+                weakref.finalize(cache, self.followed.pop, id(cache), None)
+                return copy
+        return None
+
+
+CHANGED = "changed"  # a followed cache changed between the calls seen (_Caches.whole)
+
+
+class _Verdicts:
+    """Each rerun row's verdict: counted in the report, a warning once per model type and call site
+    where it differs beyond the tolerance (given, or testing's for the outputs' dtype and size)."""
+
+    def __init__(self, report: ShadowReport, tolerance: Optional[float]) -> None:
+        self.report, self.tolerance = report, tolerance
+        self.warned: set[tuple[str, str]] = set()
+
+    def judge(self, seen: Any, rerun: _Rerun) -> None:
+        model, alone = seen.model, rerun.alone
+        scale = float(alone.abs().max()) if alone.numel() else 1.0
+        # testing's tolerances, each a share of the row's largest |output| here (live models' are large)
+        bound = self.tolerance if self.tolerance is not None else (
+            (relative(alone.dtype) or FP32) * max(1.0, scale)
+        )  # fmt: skip
+        diff = float((rerun.live.float() - alone.float()).abs().max())
+        site, frame = call_site()
+        if not self.report.check(diff, bound):
+            return
+        arch = getattr(model.config, "model_type", seen.adapter.arch)
+        if (arch, site) in self.warned:
+            return
+        self.warned.add((arch, site))
+        message = (
+            f"hfpatch shadow: {type(model).__name__} ({arch}), row {rerun.row} of a batch of {rerun.batch} "
+            f"({rerun.scenario}, {rerun.width} columns): {diff:.2g} from the row run alone (tolerance "
+            f"{bound:.1g}); later mismatches here are only counted (hfpatch.status().shadow)"
+        )
+        if frame is None:
+            warnings.warn(message, ShadowMismatch, stacklevel=2)
+        else:  # reported at the caller's line, as a warning of its module (filters see it so)
+            globals_ = frame.f_globals
+            registry = globals_.setdefault("__warningregistry__", {})
+            where = (frame.f_code.co_filename, frame.f_lineno, globals_.get("__name__"), registry)
+            warnings.warn_explicit(message, ShadowMismatch, *where)
+
+
+class _Rerun(NamedTuple):
+    """One row (or packed sequence) of a live call and the same run alone."""
+
+    live: torch.Tensor
+    alone: torch.Tensor
+    row: int
+    batch: int
+    scenario: str
+    width: int  # the call's columns
+
+
+def _rerun_packed(seen: Any, found: tuple, result: Any, sequence: int) -> _Rerun:
+    """Packed sequence ``sequence`` (its row * the row's length + its segment) run alone with its own
+    positions."""
+    mask, positions, segment_ids = found
+    key = "input_ids" if seen.kwargs.get("input_ids") is not None else "inputs_embeds"
+    real = mask != 0
+    segment_ids = segment_ids.expand(real.shape)
+    row, segment = divmod(sequence, segment_ids.shape[1])
+    columns = (real[row] & (segment_ids[row] == segment)).nonzero().flatten()
+    alone_kwargs = {
+        key: seen.kwargs[key][row, columns][None],
+        "position_ids": positions.expand(real.shape)[row, columns][None],
+    }
+    if "use_cache" in seen.kwargs:
+        alone_kwargs["use_cache"] = False
+    with torch.no_grad():
+        alone = _outputs(seen.model(**alone_kwargs))[0]
+    live = _outputs(result)[row, columns]
+    scenario = f"a packed batch, sequence {segment}"
+    return _Rerun(live.detach(), alone.detach(), row, mask.shape[0], scenario, mask.shape[1])
+
+
+def _packed_sequences(found: tuple) -> list[int]:
+    """Every sequence of a packed batch, as :func:`_rerun_packed` numbers them."""
+    mask, _, segment_ids = found
+    real = mask != 0
+    segment_ids = segment_ids.expand(real.shape)
+    return torch.unique(segment_ids[real] + segment_ids.shape[1] * real.nonzero()[:, 0]).tolist()
+
+
+def _rerun_row(seen: Any, whole: torch.Tensor, result: Any, row: int) -> Optional[_Rerun]:
+    """Row ``row``'s real tokens so far (``whole``: cached and new) run alone, against its new ones in
+    the call; None where the call has no real token of it."""
+    mask = seen.kwargs["attention_mask"]
+    num_new = _new_tokens(seen)
+    real = mask[row] != 0
+    new_real = real[-num_new:]
+    count = int(new_real.sum())
+    if count == 0:
+        return None
+    key = "input_ids" if seen.kwargs.get("input_ids") is not None else "inputs_embeds"
+    kwargs = {key: whole[row][real][None]}
+    if "use_cache" in seen.kwargs:
+        kwargs["use_cache"] = False
+    with torch.no_grad():
+        alone = _outputs(seen.model(**kwargs))[0, -count:]
+    live = _outputs(result)[row, -num_new:][new_real]
+    past = whole.shape[1] - num_new
+    scenario = f"a cached prefix of {past} columns + {num_new} tokens" if past else "one padded call"
+    return _Rerun(live.detach(), alone.detach(), row, mask.shape[0], scenario, mask.shape[1])
+
+
 class _Watcher:
+    """The shadow's observer of every patched call: what to rerun is decided before the call
+    (:meth:`before`), the reruns made and judged after it (:meth:`after`); never changes the call, never
+    raises into it."""
+
     def __init__(self, report: ShadowReport, rate: float, tolerance: Optional[float], seed: int) -> None:
-        self.report, self.rate, self.tolerance = report, rate, tolerance
+        self.report, self.rate = report, rate
         self.random = random.Random(seed)
         self.lock = threading.Lock()
-        self.followed: dict[int, _Followed] = {}  # id(cache) -> what it holds
-        self.warned: set[tuple[str, str]] = set()
+        self.caches = _Caches()
+        self.verdicts = _Verdicts(report, tolerance)
         self.scaled: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def __call__(self, seen: Any, call: Any) -> Any:
@@ -188,8 +353,8 @@ class _Watcher:
             return self.random.randrange(n) if n else self.random.random()
 
     def before(self, seen: Any) -> Optional[tuple]:
-        """What to check after the call: (row, the tokens of the whole row so far, follow the cache?),
-        or None."""
+        """What to check after the call: (the cache it continues, or :data:`PACKED`; the tokens of the
+        whole rows so far, or the packed rows found; follow the cache it returns?), or None."""
         kwargs, model = seen.kwargs, seen.model
         mask = kwargs.get("attention_mask")
         ids, tokens = kwargs.get("input_ids"), call_inputs(kwargs)
@@ -225,151 +390,31 @@ class _Watcher:
                 return None
             follow = ids is not None and kwargs.get("use_cache", True) is not False
             return (None, tokens, follow) if bool((mask == 0).any()) else (None, None, follow)
-        followed = self.followed.get(id(cache))
-        if followed is None or followed.ref() is not cache:
-            followed = self._copied(cache)  # a deep copy of a followed cache (a prompt reused)
-            if followed is None:
-                return None
-        if (
-            ids is None
-            or not _same(followed.stamp, cache)
-            or mask.shape[1] != followed.ids.shape[1] + num_new
-        ):
-            del self.followed[id(cache)]
+        whole = self.caches.whole(cache, ids, mask)
+        if whole is CHANGED:
             return self.skip("a cache changed between the calls seen")
-        whole = torch.cat([followed.ids, ids], dim=1)
+        if whole is None:
+            return None
         return (cache, whole if bool((mask == 0).any()) else None, True)
 
     def after(self, seen: Any, check: Optional[tuple], result: Any) -> None:
         if check is None:
             return
         cache, whole, follow = check
-        if cache is PACKED:
-            self.compare_packed(seen, whole, result)
+        if cache is PACKED:  # one sequence, chosen at random (every one at rate 1)
+            sequences = _packed_sequences(whole)
+            chosen = sequences if self.rate >= 1.0 else [sequences[self.sample(len(sequences))]]
+            for sequence in chosen:
+                self.verdicts.judge(seen, _rerun_packed(seen, whole, result, sequence))
             return
-        if whole is not None:
-            self.compare(seen, whole, result)
+        if whole is not None:  # one row chosen at random (every row at rate 1)
+            batch = seen.kwargs["attention_mask"].shape[0]
+            for row in range(batch) if self.rate >= 1.0 else (self.sample(batch),):
+                rerun = _rerun_row(seen, whole, result, row)
+                if rerun is not None:
+                    self.verdicts.judge(seen, rerun)
         if follow:
-            out = None if isinstance(result, (tuple, list)) else output_cache(result)
-            if out is None or isinstance(out, (tuple, list)):
-                return
-            ids = whole if whole is not None else (
-                seen.kwargs["input_ids"] if cache is None else
-                torch.cat([self.followed[id(cache)].ids, seen.kwargs["input_ids"]], dim=1)
-            )  # fmt: skip
-            if cache is not None and out is not cache:
-                self.followed.pop(id(cache), None)
-            before = self.followed.get(id(out))
-            self.followed[id(out)] = _Followed(out, ids)
-            if before is None or before.ref() is not out:  # forgotten when the cache is
-                weakref.finalize(out, self.followed.pop, id(out), None)
-
-    def compare_packed(self, seen: Any, found: tuple, result: Any) -> None:
-        """One packed sequence, chosen at random (every one at rate 1), run alone with its own positions."""
-        mask, positions, segment_ids = found
-        key = "input_ids" if seen.kwargs.get("input_ids") is not None else "inputs_embeds"
-        inputs = seen.kwargs[key]
-        real = mask != 0
-        segment_ids = segment_ids.expand(real.shape)
-        sequences = torch.unique(segment_ids[real] + segment_ids.shape[1] * real.nonzero()[:, 0]).tolist()
-        chosen = sequences if self.rate >= 1.0 else [sequences[self.sample(len(sequences))]]
-        for sequence in chosen:
-            row, segment = divmod(sequence, segment_ids.shape[1])
-            columns = (real[row] & (segment_ids[row] == segment)).nonzero().flatten()
-            live = _outputs(result)[row, columns]
-            alone_kwargs = {
-                key: inputs[row, columns][None],
-                "position_ids": positions.expand(real.shape)[row, columns][None],
-            }
-            if "use_cache" in seen.kwargs:
-                alone_kwargs["use_cache"] = False
-            with torch.no_grad():
-                alone = _outputs(seen.model(**alone_kwargs))[0]
-            scenario = f"a packed batch, sequence {segment}"
-            self.judge(seen, live.detach(), alone.detach(), row, mask.shape[0], scenario, mask.shape[1])
-
-    def compare(self, seen: Any, whole: torch.Tensor, result: Any) -> None:
-        """One row chosen at random (every row at rate 1) run alone, against the call's."""
-        batch = seen.kwargs["attention_mask"].shape[0]
-        for row in range(batch) if self.rate >= 1.0 else (self.sample(batch),):
-            self.compare_row(seen, whole, result, row)
-
-    def compare_row(self, seen: Any, whole: torch.Tensor, result: Any, row: int) -> None:
-        mask, model = seen.kwargs["attention_mask"], seen.model
-        batch, num_new = mask.shape[0], _new_tokens(seen)
-        real = mask[row] != 0
-        new_real = real[-num_new:]
-        count = int(new_real.sum())
-        if count == 0:
-            return
-        key = "input_ids" if seen.kwargs.get("input_ids") is not None else "inputs_embeds"
-        alone_inputs = whole[row][real][None]
-        live = _outputs(result)[row, -num_new:][new_real]
-        with torch.no_grad():
-            kwargs = {key: alone_inputs}
-            if "use_cache" in seen.kwargs:
-                kwargs["use_cache"] = False
-            alone = _outputs(model(**kwargs))[0, -count:]
-        past = whole.shape[1] - num_new
-        scenario = f"a cached prefix of {past} columns + {num_new} tokens" if past else "one padded call"
-        self.judge(seen, live.detach(), alone.detach(), row, batch, scenario, mask.shape[1])
-
-    def judge(
-        self,
-        seen: Any,
-        live: torch.Tensor,
-        alone: torch.Tensor,
-        row: int,
-        batch: int,
-        scenario: str,
-        width: int,
-    ) -> None:
-        """Count one row's comparison; warn (once per model type and call site) where it differs."""
-        model = seen.model
-        scale = float(alone.abs().max()) if alone.numel() else 1.0
-        dtype = alone.dtype
-        # testing's tolerances, each a share of the row's largest |output| here (live models' are large)
-        bound = self.tolerance if self.tolerance is not None else (
-            (relative(dtype) or FP32) * max(1.0, scale)
-        )  # fmt: skip
-        diff = float((live.float() - alone.float()).abs().max())
-        site, frame = call_site()
-        wrong = self.report.check(diff, bound)
-        if not wrong:
-            return
-        arch = getattr(model.config, "model_type", seen.adapter.arch)
-        if (arch, site) in self.warned:
-            return
-        self.warned.add((arch, site))
-        message = (
-            f"hfpatch shadow: {type(model).__name__} ({arch}), row {row} of a batch of {batch} "
-            f"({scenario}, {width} columns): {diff:.2g} from the row run alone (tolerance "
-            f"{bound:.1g}); later mismatches here are only counted (hfpatch.status().shadow)"
-        )
-        if frame is None:
-            warnings.warn(message, ShadowMismatch, stacklevel=2)
-        else:  # reported at the caller's line, as a warning of its module (filters see it so)
-            globals_ = frame.f_globals
-            registry = globals_.setdefault("__warningregistry__", {})
-            where = (frame.f_code.co_filename, frame.f_lineno, globals_.get("__name__"), registry)
-            warnings.warn_explicit(message, ShadowMismatch, *where)
-
-    def _copied(self, cache: Any) -> Optional[_Followed]:
-        """A followed cache that ``cache`` is a copy of (the same length and newest keys), now followed
-        under ``cache`` too; None if none."""
-        stamp = fingerprint(cache)
-        if stamp is None:
-            return None
-        for followed in list(self.followed.values()):
-            other = followed.ref()
-            if other is None or other is cache or not _same(followed.stamp, other):
-                continue
-            if followed.ids.shape[1] == stamp[0] and fingerprint(other) == stamp:
-                copy = _Followed(cache, followed.ids)
-                self.followed[id(cache)] = copy
-                weakref.finalize(cache, self.followed.pop, id(cache), None)
-                return copy
-        return None
+            self.caches.follow(seen, cache, whole, result)
 
     def _scaled(self, model: Any) -> bool:
         found = self.scaled.get(model)
