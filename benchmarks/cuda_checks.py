@@ -313,7 +313,8 @@ def unpadded(attention: str) -> bool:
     """Check 5 for one attention: the unpadded training step and scoring call against the padded ones."""
     import statistics
 
-    from bench import SMALL, skewed_lengths  # (the CPU rows' model and lengths)
+    from harness import SMALL  # (the CPU rows' model and lengths)
+    from packed import skewed_lengths
 
     flash = attention.startswith("flash")
     dtype = torch.bfloat16 if flash else torch.float32
