@@ -324,8 +324,9 @@ def _take_cache(plan: Plan, kwargs: dict) -> Any:
 
 def fill_positions(model: Any, plan: Plan, kwargs: dict, cache: Any) -> Derived:
     """Releases without ``cache_position`` (and the growing caches of every release): positions only.
-    The checks of :func:`_mask_to_read`, :func:`_inputs` and :func:`_checked_length` are written out,
-    each tensor's shape read once: this runs at every decode step."""
+    The checks of :func:`_mask_to_read` and :func:`_checked_length` are written out, each tensor's
+    shape read once: this runs at every decode step (the inputs read by
+    :func:`hfpatch.positions.call_inputs`)."""
     mask = kwargs["attention_mask"] if "attention_mask" in kwargs else None
     if mask is None or ("position_ids" in kwargs and kwargs["position_ids"] is not None):
         return None
@@ -446,7 +447,7 @@ def _mask_to_read(kwargs: dict) -> Optional[torch.Tensor]:
 
 def _call_inputs(kwargs: dict, rank: int = 2) -> Optional[tuple[torch.Tensor, int, Optional[torch.Tensor]]]:
     """(the inputs, how many new tokens, the mask positions are derived from: checked, or None), or
-    None for a call without inputs hfpatch reads (see :func:`_inputs`)."""
+    None for a call without inputs hfpatch reads (see :func:`hfpatch.positions.call_inputs`)."""
     tokens = call_inputs(kwargs, rank)
     if tokens is None:
         return None
