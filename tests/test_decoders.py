@@ -333,6 +333,7 @@ def test_explicit_decoder_inputs_are_untouched():
     assert torch.equal(patched, on_stock)
 
 
+@pytest.mark.slow  # dynamo traces a whole decoder twice (about 30 s): CI runs it on every release it tests
 @pytest.mark.parametrize("name", ["bart", "t5"])  # a position table, the relative bias
 def test_compiled_decoder_matches_eager(name):
     """The handoff traces: no graph break where stock has none (one graph), and where stock breaks (4.49's
