@@ -33,6 +33,7 @@ from .declarations import THROUGH_LANGUAGE_MODEL
 
 __all__ = ["AuditReport", "audit", "audit_this_process", "merge"]
 
+WRITE_AFTER = 0.02  # seconds an audited process waits after a call before writing its counts (a burst: once)
 COUNTS = ("calls", "affected", "rows", "tokens", "worst_shift", "patched", "positions_given", "packed")
 
 
@@ -50,6 +51,7 @@ class AuditReport:
         self.types: dict[str, dict[str, Any]] = {}
         self.unknown: dict[str, str] = {}
         self._lock = threading.Lock()
+        self.changed = threading.Event()  # set by each call counted (audit_this_process writes then)
 
     def calls(self) -> int:
         """Calls seen so far, of every model type."""
@@ -93,6 +95,7 @@ class AuditReport:
                 entry["rows"] += stats[0]
                 entry["tokens"] += stats[1]
                 entry["worst_shift"] = max(entry["worst_shift"], stats[2])
+        self.changed.set()
 
     def as_dict(self) -> dict[str, Any]:
         """Model type -> its counts (JSON-ready); a type hfpatch does not patch maps to ``calls: None``
@@ -217,14 +220,14 @@ def audit_this_process(folder: str) -> None:
         stop()
         snapshot()
 
-    def keep_writing() -> None:  # a process killed without exiting (Ray workers at shutdown) loses <= 1 s
-        last = None
+    def keep_writing() -> None:  # a process killed without exiting (Ray workers at shutdown) loses the
+        # calls of its last WRITE_AFTER seconds at most
         while not written:
-            time.sleep(1.0)
-            calls = report.calls()
-            if calls != last and not written:
+            report.changed.wait()
+            time.sleep(WRITE_AFTER)
+            report.changed.clear()
+            if not written:
                 snapshot()
-                last = calls
 
     atexit.register(write)
     exit_now = os._exit
