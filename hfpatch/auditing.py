@@ -53,11 +53,6 @@ class AuditReport:
         self._lock = threading.Lock()
         self.changed = threading.Event()  # set by each call counted (audit_this_process writes then)
 
-    def calls(self) -> int:
-        """Calls seen so far, of every model type."""
-        with self._lock:
-            return sum(entry["calls"] for entry in self.types.values())
-
     def _entry(self, arch: str) -> dict[str, Any]:
         found = self.types.get(arch)
         if found is None:
