@@ -317,11 +317,14 @@ def _by_sequence(
     batch, length = grouped.shape
     kwargs = {**kwargs, "is_causal": True}  # (a model may pass False: it computed that for the mask it has)
     flat = [t.transpose(1, 2).reshape(batch * length, t.shape[1], t.shape[3]) for t in (query, key, value)]
-    out = flat[0].new_zeros(batch * length, query.shape[1], value.shape[3])
+    out: Optional[Tensor] = None
     for index, valid in grouped.parts:
         q, k, v = (t[index].transpose(1, 2) for t in flat)  # [sequences, heads, longest, dim]
         attended, _ = original(module, q, k, v, None, **kwargs)  # [sequences, longest, heads, dim]
+        if out is None:  # in SDPA's output dtype: autocast's, not the query's (fp32 weights under bf16)
+            out = attended.new_zeros(batch * length, query.shape[1], value.shape[3])
         out.index_copy_(0, index[valid], attended[valid])  # (in place: a copy a group would cost T x dim)
+    assert out is not None  # (a packed row has a sequence)
     return out.reshape(batch, length, *out.shape[1:]), None
 
 

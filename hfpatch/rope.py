@@ -1,25 +1,30 @@
-"""Rope scaled per row: ``longrope`` and dynamic NTK choose their scaling from a row's own largest
-position, not from the whole batch's.
+"""Rope scaled per sequence: ``longrope`` and dynamic NTK choose their scaling from a sequence's own
+largest position, not from the whole batch's.
 
 transformers (4.51+) wraps every rotary class's ``forward`` in ``dynamic_rope_update``, which reads
 ``max(position_ids)`` over the whole batch: a short row batched with a row past the original context
 is rotated with the long row's factors (longrope), or its NTK frequencies (dynamic), and its logits
-differ from the row run alone. The classes are found by that decorator's code object, never by name;
+differ from the row run alone; so is a short sequence packed into one row with a long one (positions
+restarting, or an unpadded call's packed row). The classes are found by that decorator's code object, never by name;
 their ``forward`` is replaced while their model's adapter is patched. For a rope type whose scaling
 does not depend on the length, the replacement calls the original at once.
 
-The rule, for one call and across cached calls: each row's new tokens are rotated with the factors
-that row alone would get in the same call, chosen from its own largest position (its cached real
-tokens plus its new ones, or the caller's explicit ``position_ids``). Keys already cached keep the
+The rule, for one call and across cached calls: each sequence's new tokens are rotated with the factors
+that sequence alone would get in the same call, chosen from its own largest position (its cached real
+tokens plus its new ones, or the caller's explicit ``position_ids``). A row's sequences are its runs of
+positions (:func:`hfpatch.positions.segments`: a row of one sequence unless its positions restart; with
+``apply(packed=False)`` every row is one). Keys already cached keep the
 rotation they were written with, as on stock: a row that crosses the original context between calls
 differs from itself run in one call, on stock too (the reference is the row alone, same calls).
 
-- longrope: two calls of the undecorated forward, short and long factors, the long rows' positions
+- longrope: two calls of the undecorated forward, short and long factors, the long sequences' positions
   zeroed in the first and one column at the threshold added to the second (so that a body that reads
-  the batch's largest position itself, 5.x PhiMoE's, decides as each row would); each row takes its own.
-- dynamic: each row's frequencies from the release's own NTK function at its own length (it takes a
+  the batch's largest position itself, 5.x PhiMoE's, decides as each sequence would); each token takes
+  its sequence's.
+- dynamic: each sequence's frequencies from the release's own NTK function at its own length (it takes a
   tensor length from 4.56): in one call where the body broadcasts ``position_ids[..., None] *
-  inv_freq`` (5.19+), else one call per row.
+  inv_freq`` (5.19+), else one call per row and, in eager mode, per sequence past the original context
+  in a row that packs several (compiled code there: the row's longest, a documented limit).
 
 The undecorated forward reads the frequencies from the module, so they are swapped in for the call,
 under a lock in eager mode (another thread on the same module waits instead of reading them), and put
@@ -36,7 +41,8 @@ from typing import Any, NamedTuple, Optional
 import torch
 
 from ._compat import modeling_rope_utils
-from ._context import Users
+from ._context import PACKED, Users
+from .positions import segments
 from .sources import source_of
 
 __all__ = [
@@ -164,7 +170,7 @@ def _scaled_forward(stock: Callable, raw: Callable, users: Users) -> Callable:
             return stock(self, x, position_ids, *args, **kwargs)
         if not users.any_patched_here():  # (compiled code too: dynamo guards on the pins)
             return stock(self, x, position_ids, *args, **kwargs)
-        lengths = _row_lengths(position_ids)
+        lengths = _sequence_lengths(position_ids)  # [batch, new]: each token's sequence's
         prefix = "" if layer_type is None else f"{layer_type}_"
         short = getattr(self, f"{prefix}original_inv_freq").to(x.device)
         if kind == LONGROPE:
@@ -174,18 +180,23 @@ def _scaled_forward(stock: Callable, raw: Callable, users: Users) -> Callable:
                              args, kwargs)  # fmt: skip
         init = _init_function(self, rope_type)
         extra = {} if layer_type is None else {"layer_type": layer_type}
-        ntk, _ = init(self.config, x.device, seq_len=lengths[:, None], **extra)
-        rows = torch.where((lengths > self.original_max_seq_len)[:, None], ntk, short)  # [batch, dim/2]
-        return _dynamic(self, raw, x, position_ids, rows, prefix, broadcasts, args, kwargs)
+
+        def frequencies(seq_len: torch.Tensor) -> torch.Tensor:  # [...] -> [..., dim/2]
+            ntk, _ = init(self.config, x.device, seq_len=seq_len[..., None], **extra)
+            return torch.where((seq_len > self.original_max_seq_len)[..., None], ntk, short)
+
+        if broadcasts:  # one call: [batch, new, dim/2] frequencies against [batch, new] positions
+            return _call_with(self, f"{prefix}inv_freq", frequencies(lengths), raw, x, position_ids, args, kwargs)
+        return _dynamic(self, raw, x, position_ids, lengths, frequencies, prefix, args, kwargs)
 
     return scaled
 
 
 def _longrope(
-    module: Any, raw: Callable, x: torch.Tensor, position_ids: torch.Tensor, long_rows: torch.Tensor,
+    module: Any, raw: Callable, x: torch.Tensor, position_ids: torch.Tensor, long_tokens: torch.Tensor,
     short: torch.Tensor, long: torch.Tensor, threshold: int, prefix: str, args: tuple, kwargs: dict,
 ) -> Any:  # fmt: skip
-    short_positions = torch.where(long_rows[:, None], 0, position_ids)  # [batch, 1] vs [(3,) batch, new]
+    short_positions = torch.where(long_tokens, 0, position_ids)  # [batch, new] vs [(3,) batch, new]
     extra = position_ids.new_full((*position_ids.shape[:-1], 1), threshold)
     long_positions = torch.cat([position_ids, extra], dim=-1)
     locked = _lock()
@@ -194,22 +205,34 @@ def _longrope(
         out_long = _call_with(module, f"{prefix}inv_freq", long, raw, x, long_positions, args, kwargs)
     finally:
         _unlock(locked)
-    return _per_row(long_rows, out_long, out_short)
+    return _per_token(long_tokens, out_long, out_short)
 
 
 def _dynamic(
-    module: Any, raw: Callable, x: torch.Tensor, position_ids: torch.Tensor, rows: torch.Tensor, prefix: str,
-    broadcasts: bool, args: tuple, kwargs: dict,
+    module: Any, raw: Callable, x: torch.Tensor, position_ids: torch.Tensor, lengths: torch.Tensor,
+    frequencies: Callable[[torch.Tensor], torch.Tensor], prefix: str, args: tuple, kwargs: dict,
 ) -> Any:  # fmt: skip
+    """A body that takes one ``[dim/2]`` frequency vector a call (before 5.19): one call per row at its
+    longest sequence's length; in eager mode, a row whose sequences differ in scaling gets one call per
+    length past the original context besides its short one, each token taking its sequence's."""
     name = f"{prefix}inv_freq"
+    eager = not torch.compiler.is_compiling()
     locked = _lock()
     try:
-        if broadcasts:  # one call: [batch, 1, dim/2] frequencies broadcast against each row's positions
-            return _call_with(module, name, rows[:, None, :], raw, x, position_ids, args, kwargs)
-        pieces = [
-            _call_with(module, name, rows[b], raw, x, position_ids[..., b : b + 1, :], args, kwargs)
-            for b in range(rows.shape[0])
-        ]
+        pieces = []
+        for b in range(lengths.shape[0]):
+            row = position_ids[..., b : b + 1, :]
+            longest = lengths[b].amax()
+            out = _call_with(module, name, frequencies(longest), raw, x, row, args, kwargs)
+            if eager and bool(lengths[b].amin() != longest) and bool(longest > module.original_max_seq_len):
+                out = _call_with(module, name, frequencies(lengths[b].amin()), raw, x, row, args, kwargs)
+                for length in torch.unique(lengths[b]).tolist():  # (a packed row: a host read, eager only)
+                    if length > module.original_max_seq_len:
+                        length = lengths.new_tensor(length)
+                        mine = (lengths[b : b + 1] == length)[..., None]  # [1, new, 1]
+                        out = _per_token(mine, _call_with(module, name, frequencies(length), raw, x, row,
+                                                          args, kwargs), out)  # fmt: skip
+            pieces.append(out)
     finally:
         _unlock(locked)
     if isinstance(pieces[0], (tuple, list)):
@@ -244,22 +267,29 @@ def _unlock(locked: bool) -> None:
         _LOCK.release()
 
 
-def _per_row(rows: torch.Tensor, when_true: Any, when_false: Any) -> Any:
-    """Per row, ``when_true`` (trimmed to ``when_false``'s length) where ``rows``, else ``when_false``."""
+def _per_token(tokens: torch.Tensor, when_true: Any, when_false: Any) -> Any:
+    """Per token, ``when_true`` (trimmed to ``when_false``'s length) where ``tokens`` ``[batch, new]`` (or
+    ``[batch, new, 1]``), else ``when_false`` (``[..., batch, new, dim]``, or a tuple of such)."""
     if isinstance(when_true, (tuple, list)):
-        return type(when_true)(_per_row(rows, a, b) for a, b in zip(when_true, when_false))
+        return type(when_true)(_per_token(tokens, a, b) for a, b in zip(when_true, when_false))
     when_true = when_true[..., : when_false.shape[-2], :]
     shape = [1] * when_false.dim()
-    shape[when_false.dim() - 3] = rows.shape[0]  # [..., batch, new, dim]
-    return torch.where(rows.view(shape), when_true, when_false)
+    shape[-3:-1] = tokens.shape[:2]
+    return torch.where(tokens.reshape(shape), when_true, when_false)
 
 
-def _row_lengths(position_ids: torch.Tensor) -> torch.Tensor:
-    """Each row's largest position + 1, ``[batch]``, from ``[batch, new]`` or ``[sections, batch, new]``."""
+def _sequence_lengths(position_ids: torch.Tensor) -> torch.Tensor:
+    """Each token's sequence's largest position + 1, ``[batch, new]``, from ``[batch, new]`` or
+    ``[sections, batch, new]`` positions: a row's sequences are its runs of positions (a row is one
+    where they never restart, or where packed rows are left to stock)."""
     positions = position_ids
     while positions.dim() > 2:
         positions = positions.amax(0)
-    return positions.amax(-1) + 1
+    if not PACKED[0]:
+        return (positions.amax(-1, keepdim=True) + 1).expand_as(positions)
+    ids = segments(position_ids)  # [batch, new], from 0
+    largest = torch.full_like(positions, -1).scatter_reduce(-1, ids, positions, "amax")
+    return largest.gather(-1, ids) + 1
 
 
 def _longrope_threshold(module: Any, layer_type: Optional[str]) -> int:

@@ -136,3 +136,28 @@ def test_only_rotary_classes_under_transformers_wrapper_are_replaced():
         cls.__module__ = module.__name__
         setattr(module, cls.__name__, cls)
     assert rotary_classes(module) == []
+
+
+@pytest.mark.parametrize("layout", ["packed", "unpadded"])
+@pytest.mark.parametrize("model_type, kind", CASES, ids=[f"{t}-{k}" for t, k in CASES])
+def test_each_packed_sequence_is_scaled_as_it_would_be_alone(model_type, kind, layout):
+    """A sequence of 20 tokens packed (positions restarting) or unpadded (``apply(unpad=True)``) with one
+    of 60: each is rotated with its own scaling, as alone, not the row's longest."""
+    _needs(model_type, kind)
+    fresh = scaled_rope_model(model_type, kind, "sdpa")
+    rows = random_rows([20, 60, 9], seed=3)
+    references = [_alone(fresh, row, [len(row)]) for row in rows]
+    model = copy.deepcopy(fresh)
+    with torch.no_grad():
+        if layout == "packed":
+            ids = torch.tensor([sum(rows, [])])
+            positions = torch.cat([torch.arange(len(row)) for row in rows])[None]
+            out = model(input_ids=ids, position_ids=positions).logits[0].split([len(r) for r in rows])
+        else:
+            hfpatch.apply(unpad=True)
+            try:
+                out = run_padded(model, rows, [[len(r) for r in rows]], [[False] * len(rows)])
+            finally:
+                hfpatch.apply(unpad=False)
+    error = max((ref - got).abs().max().item() for ref, got in zip(references, out))
+    assert error <= TOLERANCE, error
