@@ -35,6 +35,7 @@ __all__ = [
     "SdpaSwitch",
     "Users",
     "close_block",
+    "count_unpadded",
     "open_block",
     "hold_slow_path",
     "patched_here",
@@ -137,6 +138,16 @@ UNPAD = [False]  # padded calls run on their real tokens (apply(unpad=True)); re
 UNPAD_VARIABLE = "HFPATCH_UNPAD"  # 1: as apply(unpad=True), wherever applied
 # the calls hfpatch.unpad ran on their real tokens, and those it left padded, by reason (status())
 UNPADDED: dict[str, Any] = {"calls": 0, "padded": {}}
+_COUNTING = threading.Lock()
+
+
+def count_unpadded(why: Optional[str]) -> None:
+    """One call run on its real tokens (``why`` None), or kept padded for ``why``."""
+    with _COUNTING:
+        if why is None:
+            UNPADDED["calls"] = UNPADDED["calls"] + 1
+        else:
+            UNPADDED["padded"][why] = UNPADDED["padded"].get(why, 0) + 1
 
 
 def read_packed(environ: Any) -> Optional[bool]:

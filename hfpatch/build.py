@@ -28,7 +28,7 @@ from . import caches
 from ._context import CarryContext, Pin, SdpaSwitch, Users
 from .declarations import Adapter
 from .decoders import HANDS_TO, receiver
-from .forward import make_forward, packed_support, recording_generated_masks, unpads_here
+from .forward import make_forward, packed_support, recording_generated_masks, why_padded_here
 from .packed import by_sequence_sdpa, handing_on, task_heads, warning_of_packed_rows
 from .patches import ABSENT, Patch
 from .plans import read_plan
@@ -54,9 +54,10 @@ def build(adapter: Adapter, module: Any, pin: Pin) -> tuple[Patch, ...]:
     heads = task_heads(module, owner)
     if adapter.family.watched:  # a class hfpatch does not fix: its packed calls only warn (and its heads'
         # where they drop the positions: Mamba's)
-        found = [(owner, original), *((head.cls, head.forward) for head in heads if head.drops)]
+        found = [(owner, original, original), *((h.cls, h.own, h.forward) for h in heads if h.drops)]
         return tuple(
-            Patch(cls, "forward", old, warning_of_packed_rows(adapter, old, pin)) for cls, old in found
+            Patch(cls, "forward", own, warning_of_packed_rows(adapter, forward, pin, counts=cls is owner))
+            for cls, own, forward in found  # (a head's call reaches its base model: counted there)
         )
     plan = read_plan(adapter, original, owner)
     keeps = adapter.packed is None and packed_support(adapter, plan).startswith("yes")  # its packed rows
@@ -87,14 +88,14 @@ def build(adapter: Adapter, module: Any, pin: Pin) -> tuple[Patch, ...]:
         rows.append(Patch(owner, name, owner.__dict__.get(name, ABSENT), SdpaSwitch(name)))
     shared = (caches.recording_requested_lengths(), recording_generated_masks(), by_sequence_sdpa())
     rows.extend(row for row in shared if row is not None)  # (every adapter's: the ledger counts them)
-    unpads = unpads_here(adapter, plan)
+    unpads = why_padded_here(adapter, plan) is None
     for head in heads:  # (where they are not kept, a head that drops a packed row's inputs drops them)
         hands_on = head.drops and keeps
         replacement = handing_on(head.forward, pin, head.takes_positions) if hands_on else head.forward
-        if unpads and head.labels:  # apply(unpad=True): a causal LM's head unpadded, any head's labels read
+        if unpads and head.targets:  # apply(unpad=True): a causal LM's head unpadded, any head's targets read
             replacement = gate(replacement, pin, plan.masks, plan.cache_kw, causal_lm_head(head.cls))
-        if replacement is not head.forward:
-            rows.append(Patch(head.cls, "forward", head.forward, replacement))
+        if replacement is not head.forward:  # (on the head's class itself, where it inherits its forward)
+            rows.append(Patch(head.cls, "forward", head.own, replacement))
     if hands_to is not None and HANDS_TO[hands_to].inside_layers:
         for cls in _checkpointing_classes(module, owner):
             before = cls.__dict__.get(CHECKPOINT_FUNCTION, ABSENT)

@@ -39,19 +39,26 @@ from torch import Tensor
 
 from . import caches
 from ._compat import CACHE_NAMES
-from ._context import CALL, PACKED, UNPAD, Pin, patched_here, warn_once
+from ._context import CALL, PACKED, UNPAD, Pin, count_unpadded, patched_here, warn_once
 from .caches import CAPACITY
 from .declarations import Adapter
 from .decoders import call_with_positions
 from .observers import WATCHERS, run_watched
-from .packed import packed_rows, positions_from_lengths, warn_not_kept
+from .packed import NOT_KEPT, packed_rows, positions_from_lengths, warn_not_kept
 from .patches import Patch
 from .plans import NO_SLOTS, SLOTS, SLOTS_REMOVED, Plan
-from .positions import cache_positions, call_inputs, has_holes, new_token_positions
-from .unpad import PADDED, has_padding, unpadding
+from .positions import cache_positions, call_inputs, has_holes, has_padding, new_token_positions
+from .unpad import PADDED, unpadding
 from .windows import MASK_FUNCTIONS, NO_4D_MASK, MaskPlan, apply_masks, configured_window, packed_not_kept
 
-__all__ = ["LeaveToStock", "make_forward", "recording_generated_masks", "warn_left_to_stock", "watched"]
+__all__ = [
+    "LeaveToStock",
+    "make_forward",
+    "recording_generated_masks",
+    "warn_left_to_stock",
+    "watched",
+    "why_padded_here",
+]
 
 Past = Union[int, torch.Tensor]  # cached tokens before this call: an int, or a 0-d tensor (static caches)
 # what a filler derived positions from: (the 2-D mask, new tokens, where they start: an int (the mask's
@@ -77,7 +84,8 @@ def make_forward(adapter: Adapter, original: Callable, plan: Plan, pin: Pin) -> 
     family = adapter.family if adapter.family.hands_to is not None else None  # its forward takes no positions
     from_mask = adapter.family.from_mask  # its own positions from the mask are right: packed rows only
     handed = plan.handed  # a task head of its module hands it positions through CALL.handed
-    unpads = unpads_here(adapter, plan)  # apply(unpad=True) may run its padded calls on their real tokens
+    # apply(unpad=True): None where its padded calls may run on their real tokens, else why they stay padded
+    stays_padded = why_padded_here(adapter, plan)
     # explicit position_ids leave nothing to derive (4.38-5.3: unless a static cache's slots are missing)
     passes_explicit = plan.era != SLOTS
     other = next((name for name in CACHE_NAMES if name != cache_kw), None)  # the cache's other name
@@ -100,10 +108,14 @@ def make_forward(adapter: Adapter, original: Callable, plan: Plan, pin: Pin) -> 
                 return original(self, *args, **kwargs)
         if args:
             _bind_positional(adapter, plan, args, kwargs)
-        if UNPAD[0] and unpads and CALL.unpad is not False and not CALL.unpadding and has_padding(kwargs):
-            result = unpadding(functools.partial(forward, self), self, kwargs, masks, cache_kw)
-            if result is not PADDED:  # (hfpatch.unpad: the call on its real tokens, padded back)
-                return result
+        if UNPAD[0] and CALL.unpad is not False and not CALL.unpadding and has_padding(kwargs):
+            if stays_padded is None:
+                result = unpadding(functools.partial(forward, self), self, kwargs, masks, cache_kw)
+                if result is not PADDED:  # (hfpatch.unpad: the call on its real tokens, padded back)
+                    return result
+            else:
+                count_unpadded(stays_padded)
+            return padded(forward, self, kwargs)  # (counted once: nothing inside it unpadded or counted)
         given = kwargs.copy()  # what stock gets where hfpatch cannot derive from the call (LeaveToStock)
         try:
             cache = None
@@ -170,13 +182,30 @@ def warn_left_to_stock(arch: str, why: str) -> None:
     warn_once(("left to stock", arch, why.split()[0]), message, stacklevel=4)
 
 
-def unpads_here(adapter: Adapter, plan: Plan) -> bool:
-    """Whether ``apply(unpad=True)`` may run a padded call of this class on its real tokens: a decoder-only
-    class whose packed rows the release can keep (its plan says; the attention is checked per call)."""
+def why_padded_here(adapter: Adapter, plan: Plan) -> Optional[str]:
+    """Why ``apply(unpad=True)`` keeps every padded call of this class padded, or None where it may run one
+    on its real tokens: a decoder-only class whose packed rows the release can keep (its plan says; the
+    attention and the call are checked per call)."""
     family = adapter.family
-    if family.seq2seq or family.multimodal or family.watched or (family.hands_to and not family.from_mask):
-        return False
-    return adapter.packed is None and plan.masks is not None and plan.masks.packed
+    if family.seq2seq or (family.hands_to and not family.from_mask):
+        return "an encoder-decoder model (hfpatch unpads decoder-only models)"
+    if family.multimodal:
+        return "a vision-language model (hfpatch unpads its language model's calls, not its own)"
+    if adapter.packed is not None and adapter.packed.startswith("yes"):  # declared: by its language model
+        return "its language model's calls only (hfpatch unpads those given token ids)"
+    if adapter.packed is not None or plan.masks is None or not plan.masks.packed:
+        return NOT_KEPT
+    return None
+
+
+def padded(forward: Callable, model: Any, kwargs: dict) -> Any:
+    """The call on the padded path: ``forward`` again, with ``CALL.unpad`` False inside (so that no patched
+    call inside it, a vision-language model's language model, is unpadded or counted again)."""
+    before, CALL.unpad = CALL.unpad, False
+    try:
+        return forward(model, **kwargs)
+    finally:
+        CALL.unpad = before
 
 
 def packed_support(adapter: Adapter, plan: Plan) -> str:
@@ -196,7 +225,8 @@ def packed_support(adapter: Adapter, plan: Plan) -> str:
         "flex" if masks.form == MASK_FUNCTIONS else "",
         "flash" if masks.flash_lengths else "",
     ]
-    return f"yes ({', '.join(name for name in taken if name)})"
+    alibi = "; not with alibi=True" if masks.alibi and family.hands_to is None else ""  # (Falcon's)
+    return f"yes ({', '.join(name for name in taken if name)}{alibi})"
 
 
 SEQ2SEQ = (
@@ -228,13 +258,14 @@ def given_masks(model: Any, adapter: Adapter, plan: Plan, kwargs: dict, cache: A
         if found is not None:
             mask, positions, segment_ids = found
             why = _not_kept(model, adapter, masks, kwargs)
-            if why is None and apply_masks(
-                model, masks, plan.cache_kw, kwargs, cache, mask, mask.shape[1], 0, (positions, segment_ids)
-            ):
-                return mask
+            if why is None:
+                laid = (positions, segment_ids)
+                why = apply_masks(model, masks, plan.cache_kw, kwargs, cache, mask, mask.shape[1], 0, laid)
+                if why is None:
+                    return mask
             if why != "" and not torch.compiler.is_compiling():  # (""): transformers' own path, exact
                 # (compiled code treats every such call as packed, restarting or not: no word there)
-                warn_not_kept(adapter.arch, why or "its layer types take no mask by position")
+                warn_not_kept(adapter.arch, why)
             return None
     if masks is not None and masks.windowed and not adapter.family.multimodal:
         given_windows(model, plan, masks, kwargs, cache)

@@ -34,9 +34,9 @@ import torch
 from torch import Tensor
 
 from . import caches
-from ._context import CALL, PACKED, Pin, Users, patched_here, warn_once
-from .patches import Ledger, Patch
-from .positions import positions_in_segments, restarts, segments, segments_from_lengths
+from ._context import CALL, PACKED, UNPAD, Pin, Users, count_unpadded, patched_here, warn_once
+from .patches import ABSENT, Ledger, Patch
+from .positions import has_padding, positions_in_segments, restarts, segments, segments_from_lengths
 from .sources import forward_tree
 
 __all__ = [
@@ -104,26 +104,39 @@ def positions_from_lengths(kwargs: dict, tokens: Optional[Tensor]) -> None:
         kwargs["position_ids"] = positions_in_segments(segments_from_lengths(lengths, *tokens.shape[:2]))
 
 
+SPANS = ("start_positions", "end_positions")  # a question-answering head's targets
+TARGETS = ("labels", *SPANS)  # what a head's loss reads: under unpad=True a head taking one is gated
+NOT_KEPT = "its packed rows are not kept"  # (apply(unpad=True): why a padded call stays padded)
+
+
 class Head(NamedTuple):
-    """A task head of a patched module (``GPT2LMHeadModel`` ...): its class and own ``forward``, whether it
-    hands its ``**kwargs`` to no call of its base model (a packed row's lengths stop there), whether it
-    takes ``position_ids`` itself (or they stop there too: 5.x's BLOOM heads), and its ``labels``."""
+    """A task head of a patched module (``GPT2LMHeadModel`` ...): its class and ``forward`` (its own, or
+    the one it inherits from a mixin: 5.x's ``GenericForTokenClassification`` ...), what its class holds
+    under that name (``ABSENT`` for an inherited one), whether it hands its ``**kwargs`` to no call of its
+    base model (a packed row's lengths stop there), whether it takes ``position_ids`` itself (or they stop
+    there too: 5.x's BLOOM heads), and whether it takes a target its loss reads (``labels``,
+    ``start_positions``, ``end_positions``)."""
 
     cls: type
     forward: Callable
+    own: Any
     drops: bool
     takes_positions: bool
-    labels: bool
+    targets: bool
 
 
 def task_heads(module: Any, owner: type) -> list[Head]:
-    """The model classes of ``module`` besides ``owner`` whose own ``forward`` calls their base model
-    (``self.<base_model_prefix>(...)``), read from their code."""
+    """The model classes of ``module`` besides ``owner`` whose ``forward`` (their own, or a mixin's they
+    inherit) calls their base model (``self.<base_model_prefix>(...)``, or ``getattr(self,
+    self.base_model_prefix)(...)``), read from their code."""
     found = []
     for value in vars(module).values():
-        forward = value.__dict__.get("forward") if isinstance(value, type) else None
+        if not isinstance(value, type) or value is owner or value.__module__ != module.__name__:
+            continue
+        own = value.__dict__.get("forward", ABSENT)
+        forward = own if own is not ABSENT else _mixin_forward(value)
         base = getattr(value, "base_model_prefix", None)
-        if forward is None or value is owner or value.__module__ != module.__name__ or not base:
+        if forward is None or not base:
             continue
         try:
             params = inspect.signature(forward).parameters
@@ -133,15 +146,7 @@ def task_heads(module: Any, owner: type) -> list[Head]:
         if tree is None:
             continue
         var = next((p.name for p in params.values() if p.kind is inspect.Parameter.VAR_KEYWORD), None)
-        calls = [  # self.<base model>(...): does it hand the kwargs on?
-            node
-            for node in ast.walk(tree)
-            if isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Attribute)
-            and node.func.attr == base
-            and isinstance(node.func.value, ast.Name)
-            and node.func.value.id == "self"
-        ]
+        calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and _calls_base(n.func, base)]
         if not calls:
             continue
         hands_on = any(
@@ -150,8 +155,35 @@ def task_heads(module: Any, owner: type) -> list[Head]:
             for k in call.keywords
         )
         drops = var is not None and not hands_on
-        found.append(Head(value, forward, drops, "position_ids" in params, "labels" in params))
+        targets = any(name in params for name in TARGETS)
+        found.append(Head(value, forward, own, drops, "position_ids" in params, targets))
     return found
+
+
+def _mixin_forward(cls: type) -> Optional[Callable]:
+    """The ``forward`` ``cls`` inherits from a mixin that is no module (transformers' ``Generic*`` heads),
+    or None (its own, none, or a model class's: that class is patched, or not, where it is defined)."""
+    for parent in cls.__mro__[1:]:
+        forward = parent.__dict__.get("forward")
+        if forward is not None:
+            return None if issubclass(parent, torch.nn.Module) else forward
+    return None
+
+
+def _calls_base(func: ast.expr, base: str) -> bool:
+    """``self.<base>`` or ``getattr(self, self.base_model_prefix)``: the callee of a call of the base."""
+    if isinstance(func, ast.Attribute):
+        return func.attr == base and isinstance(func.value, ast.Name) and func.value.id == "self"
+    return (
+        isinstance(func, ast.Call)
+        and isinstance(func.func, ast.Name)
+        and func.func.id == "getattr"
+        and len(func.args) == 2
+        and isinstance(func.args[0], ast.Name)
+        and func.args[0].id == "self"
+        and isinstance(func.args[1], ast.Attribute)
+        and func.args[1].attr == "base_model_prefix"
+    )
 
 
 def handing_on(original: Callable, pin: Pin, takes_positions: bool) -> Callable:
@@ -182,14 +214,18 @@ def handing_on(original: Callable, pin: Pin, takes_positions: bool) -> Callable:
     return forward
 
 
-def warning_of_packed_rows(adapter: Any, original: Callable, pin: Pin) -> Callable:
+def warning_of_packed_rows(adapter: Any, original: Callable, pin: Pin, counts: bool = True) -> Callable:
     """The ``forward`` of a class hfpatch does not fix (``Family.watched``: recurrent, convolution,
     linear-attention layers): a packed row it is handed (positions restarting, or sequences given by
-    their lengths) warns, once, that it is not kept to its sequences; the call is stock's, unchanged."""
+    their lengths) warns, once, that it is not kept to its sequences; the call is stock's, unchanged. Under
+    ``apply(unpad=True)`` a padded call of it (``counts``: its base model's, not a head's) is counted as
+    kept padded."""
     why = adapter.packed.removeprefix("no: ")
 
     @functools.wraps(original)
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if UNPAD[0] and counts and not args and CALL.unpad is not False and has_padding(kwargs):
+            count_unpadded(NOT_KEPT)  # (apply(unpad=True): its padded calls stay padded)
         if (
             ("position_ids" in kwargs or "cu_seq_lens_q" in kwargs or "seq_idx" in kwargs)
             and PACKED[0]

@@ -25,6 +25,7 @@ __all__ = [
     "cache_positions",
     "call_inputs",
     "has_holes",
+    "has_padding",
     "keys_seen",
     "new_token_positions",
     "packed_stock_error",
@@ -49,6 +50,21 @@ def call_inputs(kwargs: dict, rank: int = 2) -> Optional[torch.Tensor]:
     if tokens is None:
         tokens, rank = kwargs.get("inputs_embeds"), 3
     return tokens if isinstance(tokens, torch.Tensor) and tokens.dim() == rank else None
+
+
+def has_padding(kwargs: dict) -> bool:
+    """A 2-D mask as wide as the call's tokens (ids, or embeddings), with a pad (eager: reads the mask
+    once)."""
+    mask, ids = kwargs.get("attention_mask"), kwargs.get("input_ids")
+    if ids is None:
+        ids = kwargs.get("inputs_embeds")
+    if mask.__class__ is not torch.Tensor or mask.dim() != 2 or not isinstance(ids, torch.Tensor):
+        return False
+    if ids.dim() < 2:
+        return False
+    if tuple(mask.shape) != tuple(ids.shape[:2]) or torch.compiler.is_compiling():
+        return False
+    return not bool(mask.all())
 
 
 def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:

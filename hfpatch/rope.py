@@ -5,9 +5,9 @@ transformers (4.51+) wraps every rotary class's ``forward`` in ``dynamic_rope_up
 ``max(position_ids)`` over the whole batch: a short row batched with a row past the original context
 is rotated with the long row's factors (longrope), or its NTK frequencies (dynamic), and its logits
 differ from the row run alone; so is a short sequence packed into one row with a long one (positions
-restarting, or an unpadded call's packed row). The classes are found by that decorator's code object, never by name;
-their ``forward`` is replaced while their model's adapter is patched. For a rope type whose scaling
-does not depend on the length, the replacement calls the original at once.
+restarting, or an unpadded call's packed row). The classes are found by that decorator's code object,
+never by name; their ``forward`` is replaced while their model's adapter is patched. For a rope type
+whose scaling does not depend on the length, the replacement calls the original at once.
 
 The rule, for one call and across cached calls: each sequence's new tokens are rotated with the factors
 that sequence alone would get in the same call, chosen from its own largest position (its cached real
@@ -186,7 +186,8 @@ def _scaled_forward(stock: Callable, raw: Callable, users: Users) -> Callable:
             return torch.where((seq_len > self.original_max_seq_len)[..., None], ntk, short)
 
         if broadcasts:  # one call: [batch, new, dim/2] frequencies against [batch, new] positions
-            return _call_with(self, f"{prefix}inv_freq", frequencies(lengths), raw, x, position_ids, args, kwargs)
+            tokens = frequencies(lengths)
+            return _call_with(self, f"{prefix}inv_freq", tokens, raw, x, position_ids, args, kwargs)
         return _dynamic(self, raw, x, position_ids, lengths, frequencies, prefix, args, kwargs)
 
     return scaled

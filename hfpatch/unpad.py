@@ -14,11 +14,16 @@ mask's, or the caller's at those tokens), which the packed path keeps to its seq
   unpadded at the base model: its hidden states come back padded, and the head pools them as it would.
 
 Where the result would not be the padded call's, the call is padded as usual, and why is counted
-(:data:`hfpatch._context.UNPADDED`, ``status().unpadded``): a label predicted from a pad, attention
-weights asked for, a cache that continues, a cache the result could not be laid back into, inputs given
-by embeddings, inputs this does not know, a model whose packed rows are not kept, compiled code. A pad's
-outputs in the unpadded result are zeros (logits and hidden states); its real tokens' are those of the
-packed call. Calls without padding never reach this module past one membership test.
+(:data:`hfpatch._context.UNPADDED`, ``status().unpadded``): an output read at a pad (a label predicted
+from a pad or given at one, a loss over every position: question answering's spans, logits kept at a
+pad: ``logits_to_keep`` over a right-padded row, as ``generate()`` keeps them), attention weights or
+router logits asked for (by keyword or the config), hidden states asked for with gradients on (those of
+an unpadded call are copies, off the outputs' graph), a cache that continues, a cache the result could
+not be laid back into, inputs given by embeddings, inputs this does not know, a model whose packed rows
+are not kept (an encoder-decoder or vision-language model, whose calls are counted too), compiled code.
+A pad's outputs in the unpadded result are zeros (logits and hidden states): nothing transformers
+computes from a call reads them; its real tokens' are those of the packed call. A call without padding
+costs one read of its mask (``has_padding``).
 """
 
 from __future__ import annotations
@@ -33,11 +38,12 @@ from torch import Tensor
 
 from . import caches
 from ._compat import CACHE_NAMES
-from ._context import CALL, PACKED, UNPAD, UNPADDED, Pin, patched_here
-from .positions import positions_from_mask
+from ._context import CALL, PACKED, UNPAD, Pin, count_unpadded, patched_here
+from .packed import NOT_KEPT, SPANS
+from .positions import has_padding, positions_from_mask
 from .windows import FULL, layer_types, packed_not_kept, text_config, whole_cache
 
-__all__ = ["Layout", "causal_lm_head", "count", "gate", "laid_out", "padded_back", "unpadding"]
+__all__ = ["Layout", "causal_lm_head", "gate", "laid_out", "padded_back", "read_at_a_pad", "unpadding"]
 
 IGNORE = -100  # transformers' label that no loss reads
 # unpadded where the real tokens are at most this share of the slots: gathering, the mask by sequence and
@@ -71,14 +77,6 @@ class Layout(NamedTuple):
         return out.view(self.batch, self.length, *flat.shape[1:])
 
 
-def count(why: Optional[str]) -> None:
-    """One call unpadded (``why`` None), or padded for ``why``."""
-    if why is None:
-        UNPADDED["calls"] = UNPADDED["calls"] + 1
-    else:
-        UNPADDED["padded"][why] = UNPADDED["padded"].get(why, 0) + 1
-
-
 def _why_padded(model: Any, kwargs: dict, masks: Any, cache_kw: Optional[str]) -> Optional[str]:
     """Why the call in ``kwargs`` (a 2-D mask with padding, nothing cached) keeps the padded path, or
     None: it may run on its real tokens."""
@@ -89,15 +87,17 @@ def _why_padded(model: Any, kwargs: dict, masks: Any, cache_kw: Optional[str]) -
         return f"too few pads to pay (under {1 - WORTH:.0%} of the slots)"
     if kwargs.get("input_ids") is None:
         return "inputs given by embeddings"
-    if kwargs.get("output_attentions"):
+    config = text_config(model)
+    if _asked(kwargs, config, "output_attentions"):
         return "attention weights asked for"
+    if _asked(kwargs, config, "output_router_logits"):
+        return ROUTER_LOGITS
+    if _asked(kwargs, config, "output_hidden_states") and torch.is_grad_enabled():
+        return "hidden states asked for with gradients on"
     if any(isinstance(v, Tensor) for k, v in kwargs.items() if k not in TAKEN):
         return "inputs it does not know"
     if packed_not_kept(model, masks, masked=False) not in (None, ""):
-        return "its packed rows are not kept"
-    config = text_config(model)
-    if getattr(config, "output_router_logits", False):
-        return "router logits (their auxiliary loss reads the padded layout)"
+        return NOT_KEPT
     cache = next((kwargs[name] for name in CACHE_NAMES if kwargs.get(name) is not None), None)
     if cache is not None and (caches.capacity(cache) is not None or caches.past_length(cache)):
         return "a cache that is continued or static"
@@ -109,6 +109,15 @@ def _why_padded(model: Any, kwargs: dict, masks: Any, cache_kw: Optional[str]) -
         if whole_cache(model, masks, config, cache_kw, kwargs, cache) in (False, None):
             return "a cache with sliding layers to return"
     return None
+
+
+ROUTER_LOGITS = "router logits asked for (their auxiliary loss reads the padded layout)"
+
+
+def _asked(kwargs: dict, config: Any, name: str) -> bool:
+    """Whether the call asks for an output: by keyword, else (None or absent) by the config."""
+    value = kwargs.get(name)
+    return bool(getattr(config, name, False) if value is None else value)
 
 
 def laid_out(kwargs: dict) -> Optional[tuple[dict, Layout]]:
@@ -168,10 +177,10 @@ def unpadding(call: Callable[..., Any], model: Any, kwargs: dict, masks: Any, ca
     why = _why_padded(model, kwargs, masks, cache_kw)
     found = laid_out(kwargs) if why is None else None
     if found is None:
-        count(why or "the caller's positions run on from one row into the next")
+        count_unpadded(why or "the caller's positions run on from one row into the next")
         return PADDED
     packed, layout = found
-    count(None)
+    count_unpadded(None)
     before, CALL.unpadding = CALL.unpadding, True
     try:
         return padded_back(call(**packed), layout)
@@ -180,16 +189,6 @@ def unpadding(call: Callable[..., Any], model: Any, kwargs: dict, masks: Any, ca
 
 
 PADDED = object()  # what :func:`unpadding` returns for a call that keeps the padded path
-
-
-def has_padding(kwargs: dict) -> bool:
-    """A 2-D mask as wide as the call's tokens, with a pad (eager: reads the mask once)."""
-    mask, ids = kwargs.get("attention_mask"), kwargs.get("input_ids")
-    if mask.__class__ is not Tensor or mask.dim() != 2 or ids is None or ids.dim() != 2:
-        return False
-    if tuple(mask.shape) != tuple(ids.shape) or torch.compiler.is_compiling():
-        return False
-    return not bool(mask.all())
 
 
 # --- task heads ---------------------------------------------------------------------------------------
@@ -208,8 +207,9 @@ def causal_lm_head(cls: type) -> bool:
 
 def gate(original: Callable, pin: Pin, masks: Any, cache_kw: Optional[str], causal: bool) -> Callable:
     """The ``forward`` of a task head of a patched model, while ``apply(unpad=True)`` holds: a causal LM's
-    head unpadded itself (its LM head and loss on the real tokens); any head's token-level labels checked,
-    so that its base model is not unpadded where a label is predicted from a pad (``CALL.unpad``)."""
+    head unpadded itself (its LM head and loss on the real tokens); any head's call checked for an output
+    it reads at a pad (:func:`read_at_a_pad`), so that its base model is not unpadded there
+    (``CALL.unpad``)."""
     positional = [
         p.name
         for p in list(inspect.signature(original).parameters.values())[1:]
@@ -226,12 +226,14 @@ def gate(original: Callable, pin: Pin, masks: Any, cache_kw: Optional[str], caus
             kwargs.update(zip(positional, args))
         if not has_padding(kwargs):
             return original(self, **kwargs)
+        mask = kwargs["attention_mask"]
         labels = kwargs.get("labels")
-        targets = _shifted(labels, kwargs["attention_mask"]) if causal else labels
-        allowed = not _from_a_pad(targets, kwargs["attention_mask"])  # (its base model, unpadded)
+        targets = _shifted(labels, mask) if causal else labels
+        why = read_at_a_pad(kwargs, targets, causal)
+        allowed = why is None  # (its base model, unpadded)
         if not allowed:
-            count("a label predicted from a pad")
-        elif causal and not kwargs.get("logits_to_keep") and not kwargs.get("num_logits_to_keep"):
+            count_unpadded(why)
+        elif causal and not _keeps(kwargs):
             result = _head_unpadded(original, self, kwargs, targets, masks, cache_kw)
             if result is not PADDED:
                 return result
@@ -243,6 +245,33 @@ def gate(original: Callable, pin: Pin, masks: Any, cache_kw: Optional[str], caus
             CALL.unpad = before
 
     return forward
+
+
+KEEPS = ("logits_to_keep", "num_logits_to_keep")  # (4.45-4.49 call it num_logits_to_keep)
+
+
+def _keeps(kwargs: dict) -> Any:
+    """The call's ``logits_to_keep`` where it keeps some columns only (a count of last columns, or their
+    indices), else None."""
+    kept = next((kwargs[name] for name in KEEPS if kwargs.get(name) is not None), None)
+    return None if kept is None or (isinstance(kept, int) and kept == 0) else kept
+
+
+def read_at_a_pad(kwargs: dict, targets: Any, causal: bool) -> Optional[str]:
+    """Why a head's call would read an output at a pad (then its base model keeps the padded path), or
+    None: a token-level target at a pad (a causal LM's: the next column's label), a loss over every
+    position (question answering's ``start_positions``/``end_positions``), logits kept at a pad."""
+    mask = kwargs["attention_mask"]
+    if _from_a_pad(targets, mask):
+        return "a label predicted from a pad" if causal else "a label at a pad"
+    if any(kwargs.get(name) is not None for name in SPANS):
+        return "a loss over every position"
+    kept = _keeps(kwargs)
+    if kept is not None:
+        columns = mask[:, -kept:] if isinstance(kept, int) else mask[:, kept]
+        if not bool(columns.all()):
+            return "logits kept at a pad"
+    return None
 
 
 def _shifted(labels: Any, mask: Tensor) -> Any:
@@ -269,7 +298,7 @@ def _head_unpadded(
     why = _why_padded(base, kwargs, masks, cache_kw)
     found = laid_out(kwargs) if why is None else None
     if found is None:
-        count(why or "the caller's positions run on from one row into the next")
+        count_unpadded(why or "the caller's positions run on from one row into the next")
         return PADDED
     packed, layout = found
     if isinstance(targets, Tensor):
@@ -279,7 +308,7 @@ def _head_unpadded(
             packed["input_ids"] = torch.nn.functional.pad(packed["input_ids"], (0, 1))
             packed["position_ids"] = torch.nn.functional.pad(packed["position_ids"], (0, 1))
         packed["labels"] = torch.cat([own.new_full((1, 1), IGNORE), own if tail else own[:, :-1]], 1)
-    count(None)
+    count_unpadded(None)
     before, CALL.unpadding = CALL.unpadding, True
     try:
         return padded_back(original(model, **packed), layout)

@@ -90,6 +90,9 @@ class MaskPlan(NamedTuple):
     # its forward hands ``**kwargs`` on to the attention, and the release's flash attention takes sequence
     # lengths (``cu_seq_lens_q``, 4.47+): a packed row with a mask reaches flash attention by its lengths
     flash_lengths: bool = False
+    # its forward may build ALiBi from the 2-D mask it is given (Falcon with ``alibi=True``): a mask by
+    # sequence would replace it, so such a model's packed rows are left to stock
+    alibi: bool = False
 
     @property
     def float_masks(self) -> bool:
@@ -135,7 +138,8 @@ def mask_plan(owner: type, packed: bool = True) -> Optional[MaskPlan]:
     lengths = _flash_takes_lengths() and any(
         p.kind is inspect.Parameter.VAR_KEYWORD for p in inspect.signature(owner.forward).parameters.values()
     )
-    return MaskPlan(form, takes_dict, by_slots, windowed, ignored, decoder, packed, lengths)
+    alibi = "alibi" in source
+    return MaskPlan(form, takes_dict, by_slots, windowed, ignored, decoder, packed, lengths, alibi)
 
 
 def _flash_takes_lengths() -> bool:
@@ -152,38 +156,41 @@ def apply_masks(
     model: Any, plan: MaskPlan, cache_kw: Optional[str], kwargs: dict, cache: Any,
     mask: torch.Tensor, num_new: int, start: Union[int, torch.Tensor],
     packed: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
-) -> bool:  # fmt: skip
+) -> Optional[str]:  # fmt: skip
     """Replace ``kwargs["attention_mask"]`` (the 2-D ``mask``, whose new tokens start at column ``start``
     (an int) or sit at the 1-D slots ``start``) with masks by position, where the model's config has
     windowed layers this handles (keeping the cache whole), or where ``packed`` (positions and
     :func:`hfpatch.positions.segments` of a packed row, over the mask's columns) says several sequences
-    share a row. Returns False where the masks stay transformers' for want of a way to build them here
-    (the attention, a layer type this does not know, a cache whose sliding layers it cannot keep whole)."""
+    share a row. Returns None, or why the masks stay transformers' for want of a way to build them here
+    (the attention, a layer type this does not know, a cache whose sliding layers it cannot keep whole, a
+    pad inside a packed sequence for flash attention)."""
     config = text_config(model)
     attention = getattr(config, "_attn_implementation", None)
     flex = attention == FLEX and packed is not None and plan.form == MASK_FUNCTIONS
     flash = isinstance(attention, str) and attention.startswith(FLASH)
     if attention not in ATTENTION and not flex and not flash:
-        return False
+        return f"with {attention} attention (hfpatch's masks reach eager, SDPA, flex and flash attention)"
     types = layer_types(config, plan) if plan.windowed else [FULL]
     windows = {kind: window_of(config, kind) for kind in dict.fromkeys(types)}
     if plan.decoder_cache:  # T5Gemma 2 merges each kind with the cross mask, whichever its layers use
         windows.setdefault(FULL, None)
     sizes = [size for size in windows.values() if size is not None]
     if not set(windows) <= set(KNOWN_TYPES) or (len(windows) > 1 and not plan.takes_mask_dict and not flash):
-        return False  # a layer type this does not know (linear, hybrid ...): left to stock
+        return LAYER_TYPES  # a layer type this does not know (linear, hybrid ...): left to stock
     if packed is None:
         if not sizes:
-            return True  # no window: nothing to decide by position
+            return None  # no window: nothing to decide by position
         cache = whole_cache(model, plan, config, cache_kw, kwargs, cache)
         if cache is False:
-            return False
+            return "its cache's sliding layers cannot be kept whole here"
         if flash or mask.shape[1] <= min(window or chunk for window, chunk in sizes):
             # every key inside every window, by column and by position alike: stock's are right; flash
             # attention applies its window over the unpadded keys (by position), all of them kept now
-            return True
+            return None
     elif flash:
-        return plan.flash_lengths and _by_lengths(kwargs, mask, packed[1])
+        if not plan.flash_lengths:
+            return FLASH_NO_LENGTHS
+        return _by_lengths(kwargs, mask, packed[1])
     positions, segment_ids = packed if packed is not None else (None, None)
     slots = start if isinstance(start, torch.Tensor) else cache_positions(num_new, start, mask.device)
     first = {kind: types.index(kind) if kind in types else 0 for kind in windows}  # (a kind no layer uses)
@@ -204,24 +211,28 @@ def apply_masks(
     if packed is not None and attention == "sdpa" and not torch.compiler.is_compiling():
         _by_sequence(masks, windows, mask, segment_ids)
     kwargs["attention_mask"] = masks if plan.takes_mask_dict else masks[types[0]]
-    return True
+    return None
 
 
-def _by_lengths(kwargs: dict, mask: torch.Tensor, segment_ids: torch.Tensor) -> bool:
+LAYER_TYPES = "its layer types take no mask by position"
+FLASH_NO_LENGTHS = "flash attention with a mask takes no sequence lengths here"
+
+
+def _by_lengths(kwargs: dict, mask: torch.Tensor, segment_ids: torch.Tensor) -> Optional[str]:
     """A packed row for flash attention: no mask (it would unpad each row as one sequence), and the
     sequences by their lengths over the flattened rows instead, ``cu_seq_lens_q/k`` and ``max_length_q/k``
     (transformers' own packed path reads the positions, which some models do not hand their attention);
-    each run of pads is a sequence of its own, never attended by a real token. False (left to stock)
+    each run of pads is a sequence of its own, never attended by a real token. Why not (left to stock)
     where a pad sits inside a sequence: the lengths cannot skip it."""
     cu_seq_lens, pieces = sequence_lengths(segment_ids, mask)
     if pieces:
-        return False
+        return "flash attention with a pad inside a packed sequence (its lengths cannot skip a pad)"
     longest = int((cu_seq_lens[1:] - cu_seq_lens[:-1]).max())
     kwargs["attention_mask"] = None
     kwargs.update(
         cu_seq_lens_q=cu_seq_lens, cu_seq_lens_k=cu_seq_lens, max_length_q=longest, max_length_k=longest
     )
-    return True
+    return None
 
 
 def _by_sequence(masks: dict, windows: dict, mask: torch.Tensor, segment_ids: torch.Tensor) -> None:
@@ -272,17 +283,19 @@ def packed_not_kept(model: Any, plan: Optional[MaskPlan], masked: bool) -> Optio
     attention = getattr(config, "_attn_implementation", None)
     flash = isinstance(attention, str) and attention.startswith(FLASH)
     if flash and not plan.flash_lengths:  # transformers' own, by the positions, where there is no mask
-        return "flash attention with a mask takes no sequence lengths here" if masked else ""
+        return FLASH_NO_LENGTHS if masked else ""
+    if plan.alibi and getattr(config, "alibi", False) is True:  # Falcon's: from the 2-D mask it is given
+        return "its ALiBi (alibi=True) is built from the 2-D mask, which a mask by sequence replaces"
     kinds = set(layer_types(config, plan)) if plan.windowed else {FULL}
     if not kinds <= set(KNOWN_TYPES):
-        return "its layer types take no mask by position"
+        return LAYER_TYPES
     if flash:
         return None
     if attention not in ATTENTION and not (attention == FLEX and plan.form == MASK_FUNCTIONS):
         taken = "eager, SDPA" + (", flex" if plan.form == MASK_FUNCTIONS else "") + " or flash"
         return f"with {attention} attention (a mask by sequence reaches {taken} attention)"
     if len(kinds) > 1 and not plan.takes_mask_dict:
-        return "its layer types take no mask by position"
+        return LAYER_TYPES
     return None
 
 

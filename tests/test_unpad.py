@@ -382,3 +382,202 @@ def test_the_callers_positions(arch):
         assert (real(got, mask, r) - real(want, mask, r)).abs().max() <= TOLERANCE
     reason = "the caller's positions run on from one row into the next"
     assert UNPADDED["padded"].get(reason, 0) == before.get(reason, 0) + 1
+
+
+# --- what a caller can ask for: every output the padded call's, or the padded path and why -------------
+
+
+def _head(arch: str, auto: str, **config):
+    """A tiny head of ``arch`` (``auto``: the Auto class's name), SDPA, no dropout."""
+    import transformers
+
+    from hfpatch.verification.tiny import tiny_config
+
+    built = tiny_config(arch, NO_DROPOUT)
+    built._attn_implementation = config.pop("attention", "sdpa")
+    for key, value in config.items():
+        setattr(built, key, value)
+    torch.manual_seed(0)
+    try:
+        return getattr(transformers, auto).from_config(built).eval()
+    except (ValueError, KeyError) as exc:
+        pytest.skip(f"no {auto} for {arch} in transformers {TF}: {str(exc)[:80]}")
+
+
+def _padded_reason(call, reason: str) -> None:
+    """``call()`` under ``apply(unpad=True)`` keeps the padded path once, for ``reason``."""
+    before, calls = UNPADDED["padded"].get(reason, 0), UNPADDED["calls"]
+    with unpadded():
+        result = call()
+    assert UNPADDED["padded"].get(reason, 0) == before + 1, dict(UNPADDED["padded"])
+    assert UNPADDED["calls"] == calls
+    return result
+
+
+def test_attention_weights_asked_for_by_the_config_keep_the_padded_path(arch):
+    model = _head(arch, "AutoModelForCausalLM", attention="eager")
+    model.config.output_attentions = True
+    kwargs = batch(ROWS)
+    with torch.no_grad():
+        want = model(**kwargs).attentions
+        got = _padded_reason(lambda: model(**kwargs).attentions, "attention weights asked for")
+    assert len(got) == len(want) and all(torch.equal(g, w) for g, w in zip(got, want))
+
+
+def test_a_question_answering_loss_is_the_padded_calls(arch):
+    """Its loss runs over every position, pads included: the padded path."""
+    model = _head(arch, "AutoModelForQuestionAnswering", pad_token_id=0)
+    kwargs = batch(ROWS)
+    spans = {"start_positions": torch.tensor([1, 0, 2, 0]), "end_positions": torch.tensor([3, 1, 3, 0])}
+    with torch.no_grad():
+        want = model(**kwargs, **spans)
+        got = _padded_reason(lambda: model(**kwargs, **spans), "a loss over every position")
+        before = UNPADDED["calls"]
+        with unpadded():
+            plain = model(**kwargs)  # no loss: its real tokens' logits, unpadded
+        assert UNPADDED["calls"] == before + 1
+    assert torch.equal(got.loss, want.loss)
+    real_slots = kwargs["attention_mask"] != 0
+    assert (plain.start_logits - want.start_logits)[real_slots].abs().max() <= TOLERANCE
+
+
+@pytest.mark.parametrize("at_pads", ["labelled", "ignored"])
+def test_a_token_classification_loss_is_the_padded_calls(arch, at_pads):
+    """Inherited heads too (5.x's ``GenericForTokenClassification``): a label at a pad reads a pad's output
+    (the padded path); labels -100 at the pads run unpadded, with the padded call's loss."""
+    model = _head(arch, "AutoModelForTokenClassification", num_labels=3)
+    kwargs = batch(ROWS)
+    labels = torch.randint(0, 3, kwargs["input_ids"].shape, generator=torch.Generator().manual_seed(1))
+    if at_pads == "ignored":
+        labels = labels.masked_fill(kwargs["attention_mask"] == 0, -100)
+    with torch.no_grad():
+        want = model(**kwargs, labels=labels).loss
+        if at_pads == "labelled":
+            got = _padded_reason(lambda: model(**kwargs, labels=labels).loss, "a label at a pad")
+            assert torch.equal(got, want)
+        else:
+            before = UNPADDED["calls"]
+            with unpadded():
+                got = model(**kwargs, labels=labels).loss
+            assert UNPADDED["calls"] == before + 1
+            assert abs(got.item() - want.item()) <= TOLERANCE
+
+
+def test_router_logits_asked_for_by_keyword_keep_the_padded_path():
+    if arch_skip_reason("mixtral"):
+        pytest.skip(arch_skip_reason("mixtral"))
+    model = _head("mixtral", "AutoModelForCausalLM")
+    kwargs = batch(ROWS)
+    with torch.no_grad():
+        want = model(**kwargs, output_router_logits=True).router_logits
+        reason = "router logits asked for (their auxiliary loss reads the padded layout)"
+        got = _padded_reason(lambda: model(**kwargs, output_router_logits=True).router_logits, reason)
+    assert [g.shape for g in got] == [w.shape for w in want]
+
+
+def test_returned_hidden_states_are_on_the_outputs_graph(arch):
+    """Saliency and gradient x activation: gradients with respect to the returned hidden states (the
+    padded path where gradients are on: the unpadded one's are copies off the graph)."""
+    model = _head(arch, "AutoModelForCausalLM").train()
+    kwargs = batch(ROWS)
+    reason = "hidden states asked for with gradients on"
+    out = _padded_reason(lambda: model(**kwargs, output_hidden_states=True), reason)
+    states = out.hidden_states[1]
+    (grad,) = torch.autograd.grad(out.logits.sum(), states)
+    assert grad.shape == states.shape and grad.abs().sum() > 0
+    with torch.no_grad():  # no gradients: unpadded, the real tokens' states the padded call's
+        want = model(**kwargs, output_hidden_states=True).hidden_states
+        before = UNPADDED["calls"]
+        with unpadded():
+            got = model(**kwargs, output_hidden_states=True).hidden_states
+    assert UNPADDED["calls"] == before + 1
+    mask = kwargs["attention_mask"]
+    for g, w in zip(got, want):
+        assert (g - w)[mask != 0].abs().max() <= TOLERANCE
+
+
+def test_logits_kept_at_a_pad_keep_the_padded_path(arch):
+    """``generate()`` keeps the last column's logits (``logits_to_keep=1``): after right padding that is a
+    pad, whose logits a right-padded ``generate()`` reads; the padded call's, as with ``unpad=False``."""
+    model = _head(arch, "AutoModelForCausalLM")
+    kwargs = batch(ROWS)
+    if "logits_to_keep" not in inspect_parameters(model):
+        pytest.skip(f"{type(model).__name__} takes no logits_to_keep in transformers {TF}")
+    with torch.no_grad():
+        want = model(**kwargs, logits_to_keep=1).logits
+        got = _padded_reason(lambda: model(**kwargs, logits_to_keep=1).logits, "logits kept at a pad")
+        assert torch.equal(got, want)
+        left = batch(ROWS, left=True)  # the last column real: unpadded, the real token's logits
+        before = UNPADDED["calls"]
+        with unpadded():
+            last = model(**left, logits_to_keep=1).logits
+        assert UNPADDED["calls"] == before + 1
+        assert (last - model(**left, logits_to_keep=1).logits).abs().max() <= TOLERANCE
+
+
+def test_a_right_padded_generate_is_unpad_falses(arch):
+    import warnings
+
+    model = _head(arch, "AutoModelForCausalLM")
+    kwargs = batch(ROWS)
+    options = {"max_new_tokens": 3, "do_sample": False, "pad_token_id": 0}
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (transformers' own: right padding detected)
+        want = model.generate(**kwargs, **options)
+        with unpadded():
+            got = model.generate(**kwargs, **options)
+    assert torch.equal(got, want)
+
+
+def inspect_parameters(model) -> set:
+    import inspect
+
+    return set(inspect.signature(model.forward).parameters)
+
+
+def test_inputs_given_by_embeddings_are_counted(arch):
+    model = _head(arch, "AutoModelForCausalLM")
+    kwargs = batch(ROWS)
+    embeds = model.get_input_embeddings()(kwargs.pop("input_ids"))
+    with torch.no_grad():
+        want = model(inputs_embeds=embeds, **kwargs).logits
+        reason = "inputs given by embeddings"
+        got = _padded_reason(lambda: model(inputs_embeds=embeds, **kwargs).logits, reason)
+    assert torch.equal(got, want)
+
+
+def test_an_encoder_decoder_models_padded_calls_are_counted():
+    """BART's encoder and decoder keep the padded path (hfpatch unpads decoder-only models), counted."""
+    from hfpatch.verification.tiny import tiny_seq2seq
+
+    if arch_skip_reason("bart"):
+        pytest.skip(arch_skip_reason("bart"))
+    model = tiny_seq2seq("bart")
+    kwargs = batch(ROWS)
+    reason = "an encoder-decoder model (hfpatch unpads decoder-only models)"
+    before = UNPADDED["padded"].get(reason, 0)
+    with torch.no_grad():
+        want = model(**kwargs, decoder_input_ids=kwargs["input_ids"]).logits
+        with unpadded():
+            got = model(**kwargs, decoder_input_ids=kwargs["input_ids"]).logits
+    assert torch.equal(got, want)
+    assert UNPADDED["padded"].get(reason, 0) > before, dict(UNPADDED["padded"])
+
+
+def test_falcon_with_alibi_runs_and_says_why(fresh_warnings):
+    """Falcon builds ALiBi from the 2-D mask it is given (``alibi=True``): a packed row is left to stock, with
+    the reason; an unpadded call keeps the padded path (exact); ``status()`` says so."""
+    if arch_skip_reason("falcon"):
+        pytest.skip(arch_skip_reason("falcon"))
+    model = _head("falcon", "AutoModelForCausalLM", alibi=True, new_decoder_architecture=False)
+    rows = [list(row) for row in ROWS]
+    ids = torch.tensor([sum(rows, [])])
+    positions = torch.cat([torch.arange(len(row)) for row in rows])[None]
+    with torch.no_grad():
+        with pytest.warns(RuntimeWarning, match="ALiBi"):
+            model(input_ids=ids, position_ids=positions)
+        got = _padded_reason(lambda: model(**batch(ROWS)).logits, "its packed rows are not kept")
+    mask = batch(ROWS)["attention_mask"]
+    for r, row in enumerate(ROWS):
+        assert (real(got, mask, r) - run_alone(model, row)).abs().max() <= TOLERANCE
+    assert "not with alibi=True" in hfpatch.status()["falcon"].packed
