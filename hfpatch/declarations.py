@@ -105,6 +105,9 @@ class Adapter(NamedTuple):
             patched with the adapter.
         also: other classes of the module whose ``forward`` gets the same patch (the encoder of a
             seq2seq model, whose absolute positions are wrong under left padding on stock).
+        wrong_with: (attention, releases, why): with this attention on these releases the model is wrong
+            even with the right positions, on stock alike: a limit ``verify`` shows, and the attention
+            hfpatch's own checks do not build a tiny model of the type with (``verify TYPE``).
         packed: what ``status()`` says of a row that packs several sequences (positions that restart)
             where the class's mask code does not decide it, measured by the release probe: ``"no: why"``
             (recurrent or linear-attention layers carry their state across the sequences; layers that
@@ -127,6 +130,7 @@ class Adapter(NamedTuple):
     unverified: tuple[tuple[str, str], ...] = ()
     receiver: Optional[str] = None
     also: tuple[str, ...] = ()
+    wrong_with: tuple[tuple[str, str, str], ...] = ()
     packed: Optional[str] = None
     source: Optional[str] = None
     recognised: str = ""

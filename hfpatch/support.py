@@ -30,6 +30,7 @@ __all__ = [
     "installed_transformers",
     "release_has",
     "support",
+    "wrong_with",
 ]
 
 NEWEST_TESTED = "5.24.0"  # the newest release of the compat matrix: the upper end of every range
@@ -121,6 +122,15 @@ def support(adapter: Any, version: Optional[Version]) -> Support:
         f"transformers {version} is outside the tested range {adapter.versions}: not patched "
         "(the compat report shows what the older releases give)",
     )
+
+
+def wrong_with(adapter: Any, attention: str, version: Optional[Version]) -> str:
+    """The adapter's declared limit that leaves ``attention`` wrong on ``version``, even with the right
+    positions (``Adapter.wrong_with``), as a sentence; '' where none does."""
+    for kind, spec, why in adapter.wrong_with:
+        if kind == attention and version is not None and in_range(spec, version):
+            return f"{kind} attention ({spec}): {why}"
+    return ""
 
 
 def release_has(adapter: Any) -> bool:

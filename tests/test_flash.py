@@ -151,3 +151,14 @@ def test_status_says_flash():
     importlib.import_module(hfpatch.registry()["llama"].module)
     packed = hfpatch.status()["llama"].packed
     assert packed.startswith("yes") and "flash" in packed, packed
+
+
+def test_a_pad_inside_a_packed_sequence_warns_its_own_cause(fresh_warnings):
+    """Flash attention takes a packed row's sequences by their lengths, which cannot skip a pad inside one:
+    left to stock, and the warning says that (not "its layer types take no mask by position")."""
+    model = flash_model("llama")
+    kwargs, _ = pack([list(SEQUENCES)], True)
+    kwargs["attention_mask"][0, 1] = 0  # a pad inside the first sequence, its positions skipping it
+    kwargs["position_ids"][0, 1 : len(SEQUENCES[0])] -= 1
+    with torch.no_grad(), pytest.warns(RuntimeWarning, match="a pad inside a packed sequence"):
+        model(**kwargs)

@@ -114,12 +114,16 @@ def test_4d_mask(model):
     (row,) = random_rows([4], seed=4)
     causal = torch.tril(torch.ones(4, 4, dtype=torch.bool))[None, None]
     float_mask = torch.zeros(1, 1, 4, 4).masked_fill(~causal, torch.finfo(torch.float32).min)
+    ran = []
+    for mask in (float_mask, causal, causal.long()):  # the forms releases take (a float one, from 4.53 bool)
 
-    def run():
-        with torch.no_grad():
-            return (model(input_ids=torch.tensor([row]), attention_mask=float_mask).logits,)
+        def run(mask=mask):
+            with torch.no_grad():
+                return (model(input_ids=torch.tensor([row]), attention_mask=mask).logits,)
 
-    same_as_stock(run)  # on some releases both raise the same error; otherwise equal outputs
+        ran.append(same_as_stock(run))  # equal outputs, or the very same error
+    if "ok" not in ran:  # (each raised the very same error on both sides: checked, nothing to compare)
+        pytest.skip(f"{type(model).__name__} takes no 4-D mask in transformers {TF}, on stock either")
 
 
 @pytest.mark.invariant("I4")

@@ -11,7 +11,6 @@ cached batch, and ``hfpatch.verify`` on the text path of a few image-text-to-tex
 
 from __future__ import annotations
 
-import re
 from typing import Any, Optional
 
 import pytest
@@ -22,6 +21,7 @@ from probes import Probe, both_sides, exact_where_run
 import hfpatch
 from compat.vocabulary import OUTSIDE
 from hfpatch import engine
+from hfpatch.support import wrong_with
 from hfpatch.verification.tiny import PAD, tiny_multimodal, tiny_seq2seq
 
 from conftest import REGISTRY, TF, require_covered, stock
@@ -58,22 +58,12 @@ def _model(name: str, model_type: str, attention: str, probe: Optional[Probe] = 
         if probe is not None:
             probe.found(OUTSIDE)
         pytest.skip(f"{model_type} is covered from {since}; installed {TF}")
-    declared = _declared_wrong(REGISTRY[name].limits, attention)
+    declared = wrong_with(REGISTRY[name], attention, TF)
     if declared:
         pytest.skip(f"{model_type} with {attention}: declared ({declared})")
     if (model_type, attention) not in _models:
         _models[model_type, attention] = tiny_multimodal(model_type, attention=attention)
     return _models[model_type, attention]
-
-
-def _declared_wrong(limits: tuple[str, ...], attention: str) -> str:
-    """The adapter's declared limit that leaves ``attention`` wrong on the installed release (a limit
-    reading "SDPA attention from 5.9: ..."), or ''."""
-    for limit in limits:
-        found = re.match(r"(\w+) attention from ([\d.]+)", limit)
-        if found and found[1].lower() == attention and TF >= Version(found[2]):
-            return limit
-    return ""
 
 
 def _alone(model: Any, row: list[int], split: int) -> torch.Tensor:

@@ -49,13 +49,14 @@ WINDOW = (
 )
 PREFIX_LM = "no: a prefix LM (a call's text attends both ways): no packed row is its sequences alone"
 PALIGEMMA_SDPA = (
-    "SDPA attention from 5.9: a padded text prefix stays wrong with the right positions, on stock alike (its "
-    "prefix attends both ways; measured 5.9.0-5.24.0): eager attention is exact"
-)
+    "sdpa", ">=5.9",
+    "a padded text prefix stays wrong with the right positions, on stock alike (its prefix attends both ways; "
+    "measured 5.9.0-5.24.0): eager attention is exact",
+)  # fmt: skip
 
 # fmt: off
 ADAPTERS = (
-    Adapter("paligemma", "PaliGemmaModel", MULTIMODAL, "4.52", limits=(WINDOW, PALIGEMMA_SDPA), packed=PREFIX_LM),  # 2: Gemma 2's window
+    Adapter("paligemma", "PaliGemmaModel", MULTIMODAL, "4.52", limits=(WINDOW,), wrong_with=(PALIGEMMA_SDPA,), packed=PREFIX_LM),  # 2: Gemma 2's window
     Adapter("exaone4_5", "Exaone4_5_Model", MULTIMODAL, "5.8", limits=(WINDOW,), packed=BY_LANGUAGE_MODEL),
     Adapter("qwen2_vl", "Qwen2VLTextModel", MULTIMODAL, "5.2"),
     Adapter("qwen2_5_vl", "Qwen2_5_VLTextModel", MULTIMODAL, "5.2"),

@@ -11,24 +11,29 @@ import torch
 
 from .. import engine
 from .._compat import dtype_keyword
-from ..support import installed_transformers
+from ..support import installed_transformers, wrong_with
 from .result import TOLERANCE, CannotVerify
 from .scenarios import Inputs, outputs
 from .tiny import seq2seq_auto_class, tiny_model, tiny_multimodal, tiny_seq2seq
 
 __all__ = [
-    "TINY_ATTENTION",
     "check_causal",
     "check_runs",
     "first_line",
     "is_multimodal",
     "load",
     "plain_call",
+    "tiny_attention",
 ]
 
-# the attention a tiny image-text-to-text model of these types is built with for ``verify TYPE``, where
-# the release's default hits a declared limit of the adapter (the limit stays in the notes)
-TINY_ATTENTION = {"paligemma": "eager"}  # SDPA from 5.9: wrong with the right positions, on stock alike
+
+def tiny_attention(model_type: str) -> Optional[str]:
+    """The attention a tiny model of ``model_type`` is built with for ``verify TYPE``: eager where its
+    adapter declares SDPA wrong on this release (``Adapter.wrong_with``; the limit stays in the notes),
+    else None (the release's default)."""
+    adapter = engine.adapter_for(model_type)
+    wrong = adapter is not None and wrong_with(adapter, "sdpa", installed_transformers())
+    return "eager" if wrong else None
 
 
 def load(model: Any) -> Any:
@@ -80,7 +85,7 @@ def load(model: Any) -> Any:
             ) from exc
     if _image_text_to_text(text) and text not in _causal_lm_types():
         try:
-            return tiny_multimodal(text, attention=TINY_ATTENTION.get(text))
+            return tiny_multimodal(text, attention=tiny_attention(text))
         except Exception as exc:  # noqa: BLE001 - whatever transformers raises building it, in one line
             raise CannotVerify(
                 f"{text}: cannot build a tiny image-text-to-text model on transformers {release}: "

@@ -17,10 +17,10 @@ from .. import engine
 from .._compat import cache_name
 from ..declarations import Adapter
 from ..rope import per_row_scaling, scaled_rope
-from ..support import installed_transformers
+from ..support import installed_transformers, wrong_with
 from ..tolerances import NOISE_CAP
-from ..windows import configured_window, positional, smallest_window
-from .load import TINY_ATTENTION, check_causal, check_runs, first_line, is_multimodal, load, plain_call
+from ..windows import configured_window, positional, smallest_window, text_config
+from .load import check_causal, check_runs, first_line, is_multimodal, load, plain_call, tiny_attention
 from .result import TOLERANCE, CannotVerify, Row, Verification
 from .scenarios import (
     DECODER_ONLY,
@@ -91,7 +91,7 @@ def verify(model: Union[str, os.PathLike, Any], static: bool = True) -> Verifica
     entry = engine.status().get(adapter.arch if adapter is not None else model_type)
     if adapter is not None and model_type not in (adapter.arch, *adapter.aliases):
         notes.append(f"{model_type} runs {adapter.cls}, patched by the {adapter.arch!r} adapter")
-    attention = TINY_ATTENTION.get(model_type)
+    attention = tiny_attention(model_type)
     if built and attention is not None:
         notes.append(f"built tiny with {attention} attention")
     probed = not seq2seq or _decoder_takes_positions(adapter)
@@ -155,6 +155,10 @@ def _limits(model: Any, adapter: Optional[Adapter], probed: bool = True, rope: b
     """The adapter's declared limits, and (``probed``: a model whose windows the scenarios reach; ``rope``:
     and its rope scaling, a decoder-only model's) what its config sets that the scenarios do not probe."""
     notes = list(adapter.limits) if adapter is not None else []
+    attention = getattr(text_config(model), "_attn_implementation", None)
+    if adapter is not None and isinstance(attention, str):
+        wrong = wrong_with(adapter, attention, installed_transformers())
+        notes += [wrong] if wrong else []
     if not probed:
         return notes
     window = smallest_window(model, adapter.cls if adapter is not None else None)
