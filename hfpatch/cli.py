@@ -59,6 +59,8 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "hfpatch") -> int:
     check = commands.add_parser("verify", help="check model types or local checkpoint directories")
     check.add_argument("targets", nargs="+", metavar="TYPE_OR_DIR")
     check.add_argument("--no-static", action="store_true", help="leave out the StaticCache scenario")
+    check.add_argument("--dtype", choices=PRECISIONS, help="build or load the model in this dtype (fp32)")
+    check.add_argument("--autocast", choices=PRECISIONS[1:], help="every call under torch.autocast to it")
     commands.add_parser("architectures", help="print the table of model types (Markdown)")
     states = commands.add_parser("status", help="what hfpatch.apply() patches here, and why (a table)")
     states.add_argument("types", nargs="*", metavar="TYPE", help="these model types only, imported")
@@ -84,7 +86,8 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "hfpatch") -> int:
     if args.command == "verify":
         if any(not (_names_a_path(t) and not os.path.isdir(t)) for t in args.targets):
             _quiet_transformers()
-        return verify(args.targets, static=not args.no_static, prog=prog)
+        precision = {"dtype": args.dtype, "autocast": args.autocast}
+        return verify(args.targets, static=not args.no_static, prog=prog, **precision)
     return doctor()
 
 
@@ -243,22 +246,35 @@ def status(types: Sequence[str], prog: str = "hfpatch") -> int:
     return OK
 
 
-def verify(targets: Sequence[str], static: bool, prog: str = "hfpatch") -> int:
+PRECISIONS = ("float32", "bfloat16", "float16")  # verify --dtype / --autocast: torch's names
+
+
+def verify(
+    targets: Sequence[str],
+    static: bool,
+    prog: str = "hfpatch",
+    dtype: Optional[str] = None,
+    autocast: Optional[str] = None,
+) -> int:
     """``hfpatch verify``: each target's table; exit 1 if one is wrong with hfpatch, 2 if one cannot
     run (one line each, no traceback) or could not be checked in full (a scenario that raised on both
-    sides, no KV cache to continue). A path that is no directory is said at once (before torch loads)."""
+    sides, no KV cache to continue). A path that is no directory is said at once (before torch loads).
+    ``dtype`` / ``autocast``: a precision regime by torch's name of the dtype."""
     worst = OK
     for target in targets:
         if _names_a_path(target) and not os.path.isdir(target):
             print(f"{prog} verify: {target}: no such checkpoint directory", file=sys.stderr)
             worst = max(worst, CANNOT_RUN)
             continue
+        import torch
+
         from .verification import CannotVerify
         from .verification import verify as check
 
         engine.apply()
+        precision = {k: getattr(torch, v) for k, v in (("dtype", dtype), ("autocast", autocast)) if v}
         try:
-            result = check(target, static=static)
+            result = check(target, static=static, **precision)
         except CannotVerify as exc:
             print(f"{prog} verify: {exc}", file=sys.stderr)
             worst = max(worst, CANNOT_RUN)

@@ -25,8 +25,15 @@ import torch
 
 from .._compat import cache_name
 from ..rope import scaled_rope
-from ..tolerances import FP32, NOISE_CAP, relative
-from ..verification.load import check_causal, check_runs, first_line, is_multimodal, plain_call
+from ..tolerances import NOISE_CAP, bound, regime, relative
+from ..verification.load import (
+    check_causal,
+    check_runs,
+    first_line,
+    is_multimodal,
+    plain_call,
+    under_autocast,
+)
 from ..verification.result import CannotVerify
 from ..verification.scenarios import (
     CACHED,
@@ -73,10 +80,10 @@ FAMILIES = (PADDING, CACHED, STATIC, WINDOW, ROPE, PACKED)
 
 
 def tolerance_for(dtype: torch.dtype, scale: float = 1.0) -> float:
-    """The default tolerance for outputs of ``dtype``: 1e-5 in fp32 and fp64; in fp16 and bf16 a share of
-    ``scale`` (the largest |output| of the rows alone, at least 1)."""
-    half = relative(dtype)
-    return half * max(1.0, scale) if half is not None else FP32
+    """The default tolerance for a regime of ``dtype`` (the weights', or autocast's): 1e-5 in fp32 and
+    fp64; in fp16 and bf16 a share of ``scale`` (the largest |output| of the rows alone, at least 1).
+    :mod:`hfpatch.tolerances` states them."""
+    return bound(dtype, scale)
 
 
 class Result(NamedTuple):
@@ -137,6 +144,7 @@ def assert_padding_invariant(
     families: Optional[Iterable[str]] = None,
     scenarios: Optional[Sequence[Scenario]] = None,
     pad_token_id: int = 0,
+    autocast: Optional[torch.dtype] = None,
 ) -> InvariantReport:
     """Assert that ``model`` gives every real token of padded, KV-cached batches the outputs of its row run
     alone, unpadded, in one call; return the :class:`InvariantReport`, or raise an ``AssertionError``
@@ -149,10 +157,14 @@ def assert_padding_invariant(
     cached call, the cache (``.past_key_values`` or ``.cache``). ``vocab_size``: the token ids to draw
     from, where the model has no config to read it from. ``tolerance``: max |difference| allowed (default
     :func:`tolerance_for` the outputs' dtype). ``families``: which of :data:`FAMILIES` to run (default
-    all that apply), or ``scenarios`` of your own (:mod:`hfpatch.testing.strategies`). Deterministic:
-    the rows are fixed token ids; nothing else is drawn. Runs with gradients off; the model's mode is
-    its own (call ``.eval()`` first: dropout differs from call to call)."""
+    all that apply), or ``scenarios`` of your own (:mod:`hfpatch.testing.strategies`). ``autocast``:
+    ``torch.float16`` or ``torch.bfloat16`` to run every call (batched and alone) under ``torch.autocast``,
+    as mixed-precision training does, held to that dtype's tolerance; the model's own dtype is checked as
+    it is (``model.to(torch.bfloat16)`` first for half weights). Deterministic: the rows are fixed token
+    ids; nothing else is drawn. Runs with gradients off; the model's mode is its own (call ``.eval()``
+    first: dropout differs from call to call)."""
     wanted = _families(families)
+    precision = under_autocast(model, autocast)
     if tolerance is not None and (
         isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or tolerance < 0
     ):
@@ -172,11 +184,12 @@ def assert_padding_invariant(
         inputs = probe.inputs or DECODER_ONLY
         rows = rows_of(probe.scenario, inputs.pad, vocab)
         try:
-            got = run_batch(call, rows, probe.scenario, cache_kw, probe.cache, probe.width, inputs)
-            alone = [
-                run_alone(call, r, row, cache_kw, inputs, [c[r] for c in probe.scenario.chunks])
-                for r, row in enumerate(rows)
-            ]
+            with precision():
+                got = run_batch(call, rows, probe.scenario, cache_kw, probe.cache, probe.width, inputs)
+                alone = [
+                    run_alone(call, r, row, cache_kw, inputs, [c[r] for c in probe.scenario.chunks])
+                    for r, row in enumerate(rows)
+                ]
         except Exception as exc:  # noqa: BLE001 - a scenario that cannot run is reported, the others decide
             errors.append(f"{probe.name} raised {type(exc).__name__}: {first_line(exc)}")
             continue
@@ -187,9 +200,7 @@ def assert_padding_invariant(
         raise CannotCheck(
             "padding invariance not checked: no scenario could run (" + "; ".join([*errors, *notes]) + ")"
         )
-    weights = _weights_dtype(model)
-    if relative(weights) is not None and relative(dtype) is None:  # half-precision weights, fp32 logits (4.x)
-        dtype = weights
+    dtype = regime(dtype, _weights_dtype(model), autocast)
     base = tolerance if tolerance is not None else tolerance_for(dtype, largest)
     bound = base
     for probe, got, alone, control in computed:

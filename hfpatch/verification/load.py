@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import os
+from collections.abc import Callable
 from typing import Any, Optional
 
 import torch
@@ -24,7 +26,25 @@ __all__ = [
     "load",
     "plain_call",
     "tiny_attention",
+    "under_autocast",
 ]
+
+
+HALF = ("float16", "bfloat16")
+
+
+def under_autocast(model: Any, autocast: Any) -> Callable[[], Any]:
+    """What a check enters around each call for ``autocast=`` (``torch.float16`` or ``torch.bfloat16``:
+    ``torch.autocast`` on the device of the model's first parameter; None: nothing). ``ValueError`` naming
+    the argument for anything else."""
+    if autocast is None:
+        return contextlib.nullcontext
+    if not isinstance(autocast, torch.dtype) or str(autocast).rpartition(".")[2] not in HALF:
+        raise ValueError(f"autocast: expected torch.float16 or torch.bfloat16 (or None), got {autocast!r}")
+    parameters = getattr(model, "parameters", None)
+    first = next(parameters(), None) if callable(parameters) else None
+    device = first.device.type if first is not None else "cpu"
+    return lambda: torch.autocast(device, dtype=autocast)
 
 
 def tiny_attention(model_type: str) -> Optional[str]:

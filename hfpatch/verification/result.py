@@ -7,7 +7,7 @@ import textwrap
 from typing import NamedTuple
 
 from ..tolerances import FP32 as TOLERANCE  # fp32, max |difference| at any real token: exact
-from ..tolerances import WRONG
+from ..tolerances import WRONG, relative
 
 __all__ = ["TOLERANCE", "WRONG", "CannotVerify", "Row", "Verification"]
 
@@ -39,6 +39,7 @@ class Verification(NamedTuple):
     patches: bool = True  # an adapter of hfpatch patches this model on the installed release
     by_hand: bool = True  # not patched: the second column passed positions by hand (False: it takes none)
     not_checked: tuple[str, ...] = ()  # kinds of call no scenario could check (its KV-cached calls ...)
+    precision: str = "fp32"  # the regime checked: "fp32", "bfloat16 weights", "autocast float16" ...
 
     @property
     def ok(self) -> bool:
@@ -60,8 +61,8 @@ class Verification(NamedTuple):
         return any(row.stock > row.tolerance for row in self.rows)
 
     @property
-    def stock_wrong(self) -> bool:
-        return any(not row.stock <= WRONG for row in self.rows)  # (raising where hfpatch runs: wrong)
+    def stock_wrong(self) -> bool:  # (raising where hfpatch runs: wrong)
+        return any(not row.stock <= max(WRONG, row.tolerance) for row in self.rows)
 
     @property
     def verdict(self) -> str:
@@ -100,6 +101,11 @@ class Verification(NamedTuple):
                 failures.setdefault(row.error, []).append(row.scenario)
         lines += [f"  fails: {', '.join(scenarios)}: {error}" for error, scenarios in failures.items()]
         lines += [f"  note: {note}" for note in self.notes]
+        if self.precision != "fp32":
+            share, regime = _share(self.precision), self.precision
+            lines.append(f"  exact = max|diff| <= {share} x the rows' largest |logit| ({regime}; each row "
+                         "alone, same regime)")  # fmt: skip
+            return "\n".join(lines)
         lines.append(f"  exact = max|diff| <= {TOLERANCE:g} (fp32, vs each row run alone, unpadded)")
         noisy: dict[str, list[str]] = {}  # a raised tolerance -> its scenarios
         for row in self.rows:
@@ -116,6 +122,11 @@ class Verification(NamedTuple):
             )
             lines += textwrap.wrap(text, 100, initial_indent="    ", subsequent_indent="    ")
         return "\n".join(lines)
+
+
+def _share(precision: str) -> str:
+    """The share of the largest |output| a half-precision regime allows, as text ("3e-02")."""
+    return f"{relative(precision.split()[-1]) or 0:.0e}"
 
 
 def _raised_alone(patched: float, stock: float) -> bool:

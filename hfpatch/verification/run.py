@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import os
+from collections.abc import Callable
 from typing import Any, Optional, Union
 
 import torch
@@ -18,9 +19,18 @@ from .._compat import cache_name
 from ..declarations import Adapter
 from ..rope import per_row_scaling, scaled_rope
 from ..support import installed_transformers, wrong_with
-from ..tolerances import NOISE_CAP
+from ..tolerances import NOISE_CAP, bound, regime, relative
 from ..windows import configured_window, positional, smallest_window, text_config
-from .load import check_causal, check_runs, first_line, is_multimodal, load, plain_call, tiny_attention
+from .load import (
+    check_causal,
+    check_runs,
+    first_line,
+    is_multimodal,
+    load,
+    plain_call,
+    tiny_attention,
+    under_autocast,
+)
 from .result import TOLERANCE, CannotVerify, Row, Verification
 from .scenarios import (
     DECODER_ONLY,
@@ -44,7 +54,13 @@ from .scenarios import (
 __all__ = ["verify"]
 
 
-def verify(model: Union[str, os.PathLike, Any], static: bool = True) -> Verification:
+def verify(
+    model: Union[str, os.PathLike, Any],
+    static: bool = True,
+    *,
+    dtype: Optional[torch.dtype] = None,
+    autocast: Optional[torch.dtype] = None,
+) -> Verification:
     """Probe ``model`` for the padding and KV-cache bug, stock vs hfpatch.
 
     ``model`` is a causal-LM instance (or a base model: its hidden states are compared), a local
@@ -65,11 +81,24 @@ def verify(model: Union[str, os.PathLike, Any], static: bool = True) -> Verifica
     the same cached calls, with a mask of ones. Raises :class:`CannotVerify` (a ``ValueError``) for no
     such directory, an unknown model type, or a model that is none of those.
 
+    Precision: ``dtype`` (a model type or a checkpoint directory: built or loaded in it, fp32 by default;
+    an instance is checked in its own dtype) and ``autocast`` (``torch.float16`` or ``torch.bfloat16``:
+    every call under ``torch.autocast``, as mixed-precision training runs); each regime is held to its
+    own tolerance (:mod:`hfpatch.tolerances`), against each row alone in the same regime.
+
     >>> result = hfpatch.verify("qwen2")   # doctest: +SKIP
     >>> result.ok, print(result)           # doctest: +SKIP
     """
     built = isinstance(model, str) and not os.path.isdir(model)  # a model type: built tiny here
+    given = isinstance(model, torch.nn.Module)
+    if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
+        raise ValueError(f"dtype: expected a floating-point torch dtype (or None), got {dtype!r}")
+    if dtype is not None and given:
+        raise ValueError("dtype: a model instance is checked in its own dtype (cast it: model.to(dtype))")
     model = load(model)
+    if dtype is not None:
+        model = model.to(dtype)
+    precision = under_autocast(model, autocast)
     engine.discover()  # a class outside transformers defined (or loaded) since apply(): its own adapter
     model_type = getattr(model.config, "model_type", "?")
     seq2seq = is_seq2seq(model)
@@ -108,7 +137,9 @@ def verify(model: Union[str, os.PathLike, Any], static: bool = True) -> Verifica
         probes += _encoder_probes(model, inputs, notes)
         if static and adapter is not None and not any(probe.cache is not None for probe in probes):
             notes.append("the decoder takes no StaticCache here: not probed")
-    rows = tuple(_run_scenario(model, adapter if patches else None, probe) for probe in probes)
+    rows = tuple(
+        _run_scenario(model, adapter if patches else None, probe, precision, autocast) for probe in probes
+    )
     if seq2seq and patches and not adapter.family.seq2seq:
         notes.append(f"the {adapter.arch!r} adapter patches the decoder ({adapter.cls}) only: the encoder's "
                      "positions are transformers' (pad encoder inputs on the right)")  # fmt: skip
@@ -127,7 +158,10 @@ def verify(model: Union[str, os.PathLike, Any], static: bool = True) -> Verifica
         notes.append(
             f"the {adapter.arch!r} adapter is {entry.state} here: its column is what patched() gives"
         )
-    return Verification(model_type, state, rows, tuple(notes), patches, by_hand, not_checked)
+    weights = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    name = str(autocast if autocast is not None else weights).removeprefix("torch.")
+    regime_name = "fp32" if relative(name) is None else f"autocast {name}" if autocast else f"{name} weights"
+    return Verification(model_type, state, rows, tuple(notes), patches, by_hand, not_checked, regime_name)
 
 
 def _seq2seq_inputs(model: Any, model_type: str) -> Inputs:
@@ -214,10 +248,14 @@ def _encoder_probes(model: Any, decoder: Inputs, notes: list[str]) -> list[Probe
     return [Probe(ENCODER_SCENARIO.name, ENCODER_SCENARIO, inputs=inputs)]
 
 
-def _run_scenario(model: Any, adapter: Optional[Adapter], probe: Probe) -> Row:
+def _run_scenario(
+    model: Any, adapter: Optional[Adapter], probe: Probe, precision: Callable[[], Any], autocast: Any
+) -> Row:
     """Stock, then hfpatch (or, for a model hfpatch does not patch here, positions by hand), each against
-    every row alone; where the judged side is past the fp32 tolerance by no more than fp32 noise could
-    be, the scenario's control (its rows right-padded in one call, on that side) sets its tolerance."""
+    every row alone, every call inside ``precision()`` (autocast, or nothing); in half precision the
+    tolerance is the regime's; in fp32, where the judged side is past the fp32 tolerance by no more than
+    fp32 noise could be, the scenario's control (its rows right-padded in one call, on that side) sets
+    it."""
     scenario, inputs, name = probe.scenario, probe.inputs, cache_name(model)
     rows = rows_of(scenario, inputs.pad)
     by_hand = adapter is None and inputs.positions in inspect.signature(model.forward).parameters
@@ -230,25 +268,28 @@ def _run_scenario(model: Any, adapter: Optional[Adapter], probe: Probe) -> Row:
             )
         return (engine.unpatched(adapter.arch) if which == "stock" else engine.patched(adapter.arch)), model
 
-    results, errors, tolerance = {}, [], TOLERANCE
+    results, errors = {}, []
     try:
-        with engine.unpatched():
+        with engine.unpatched(), precision():
             alone = [run_alone(model, r, row, name, inputs, [c[r] for c in scenario.chunks])
                      for r, row in enumerate(rows)]  # fmt: skip
     except Exception as exc:  # noqa: BLE001 - a crash is a result of the probe
         text = f"{type(exc).__name__}: {first_line(exc, 100)}"
         return Row(probe.name, float("nan"), float("nan"), f"both sides: {text}")
+    weights = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+    half = regime(alone[0].dtype, weights, autocast)
+    tolerance = bound(half, max(a.abs().max().item() for a in alone))
     for which in ("stock", "hfpatch"):
         context, call = side(which)
         try:
-            with context:
+            with context, precision():
                 got = run_batch(call, rows, scenario, name, probe.cache, probe.width, inputs)
-                results[which] = max((own - out).abs().max().item() for own, out in zip(alone, got))
+                results[which] = max((own - out).float().abs().max().item() for own, out in zip(alone, got))
         except Exception as exc:  # noqa: BLE001 - a crash is a result of the probe
             results[which] = float("nan")
             errors.append((which, f"{type(exc).__name__}: {first_line(exc, 100)}"))
             continue
-        if which == judged and TOLERANCE < results[which] <= NOISE_CAP:
+        if which == judged and relative(half) is None and TOLERANCE < results[which] <= NOISE_CAP:
             context, call = side(which)  # a fresh context
             with context:
                 tolerance = noise_tolerance(call, rows, scenario, name, inputs, alone)
