@@ -4,6 +4,7 @@
     python benchmarks/cuda_checks.py seq2seq    # only 3.
     python benchmarks/cuda_checks.py attention  # only 4.
     python benchmarks/cuda_checks.py unpad      # only 5.
+    python benchmarks/cuda_checks.py precision  # only 6.
 
 1. CUDA graphs: greedy decoding with a StaticCache and implicit positions (hfpatch derives them from
    the mask) under ``torch.compile(mode="reduce-overhead")`` gives the same tokens as eager.
@@ -29,10 +30,16 @@
    call of 16 right-padded sequences (Llama, 4 layers x 256, 27 % of the slots real tokens, as
    benchmarks/RESULTS.md's CPU rows), unpadded vs padded: the loss (equal within 1e-5 in fp32 SDPA; bf16's
    tolerance for FlashAttention-2) and the speed-up (CUDA events, median of 11; printed, not checked).
+6. Mixed precision on the GPU: ``torch.autocast("cuda", bf16 / fp16)`` over fp32 weights, and bf16
+   weights, with SDPA (and FlashAttention-2 where installed, bf16): a packed row of three sequences and
+   ``apply(unpad=True)`` on a right-padded batch, each sequence against itself alone in the same regime,
+   at the regime's tolerance (hfpatch/tolerances.py), and a training step under autocast that runs
+   (tests/test_precision.py runs the same on the CPU).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import warnings
@@ -376,9 +383,70 @@ def unpadded(attention: str) -> bool:
     return ok
 
 
+def precision(attention: str, device: str = "cuda") -> bool:
+    """Check 6 for one attention: packed and unpadded calls in each regime against each sequence alone."""
+    regimes = {"autocast bf16": (torch.float32, torch.bfloat16), "bf16 weights": (torch.bfloat16, None)}
+    if not attention.startswith("flash"):
+        regimes["autocast fp16"] = (torch.float32, torch.float16)
+    ok = True
+    for name, (weights, autocast) in regimes.items():
+        try:
+            model = tiny_model("llama", attention=attention).to(device, weights)
+        except (ImportError, ValueError) as exc:
+            print(f"precision, {attention}: not run ({str(exc)[:120]})")
+            return True
+        ok &= _in_regime(model, f"precision, {attention}, {name}", autocast, device)
+    return ok
+
+
+def _in_regime(model, label: str, autocast, device: str) -> bool:
+    from hfpatch.tolerances import bound
+
+    def regime():
+        return torch.autocast(device, dtype=autocast) if autocast else contextlib.nullcontext()
+
+    def alone(seq):
+        with torch.no_grad(), regime(), hfpatch.unpatched():
+            return model(input_ids=torch.tensor([list(seq)], device=device)).logits[0].float()
+
+    want = [alone(seq) for seq in SEQUENCES]
+    lengths = [len(seq) for seq in SEQUENCES]
+    ids = torch.tensor([sum(map(list, SEQUENCES), [])], device=device)
+    positions = torch.cat([torch.arange(n) for n in lengths])[None].to(device)
+    width = max(lengths)
+    padded = torch.tensor([list(s) + [PAD] * (width - len(s)) for s in SEQUENCES], device=device)
+    mask = (torch.arange(width)[None] < torch.tensor(lengths)[:, None]).long().to(device)
+    with torch.no_grad(), regime():
+        packed = model(input_ids=ids, position_ids=positions).logits[0].float().split(lengths)
+        hfpatch.apply(unpad=True)
+        try:
+            out = model(input_ids=padded, attention_mask=mask).logits.float()
+        finally:
+            hfpatch.apply(unpad=False)
+    unpadded = [out[r, :n] for r, n in enumerate(lengths)]
+    limit = bound(autocast or next(model.parameters()).dtype, max(w.abs().max().item() for w in want))
+    ok = True
+    for layout, got in (("packed row", packed), ("unpad=True", unpadded)):
+        worst = max((g - w).abs().max().item() for g, w in zip(got, want))
+        ok &= worst <= limit
+        print(f"{label}, {layout}: {worst:.2e} (tolerance {limit:.1e}) {'ok' if worst <= limit else 'WRONG'}")
+    model.train()
+    hfpatch.apply(unpad=True)
+    try:
+        with regime():
+            loss = model(
+                input_ids=padded, attention_mask=mask, labels=padded.masked_fill(mask == 0, -100)
+            ).loss
+        loss.backward()
+    finally:
+        hfpatch.apply(unpad=False)
+    print(f"{label}, unpadded training step: runs (loss {loss.item():.4f})")
+    return ok
+
+
 def main(argv: list[str]) -> int:
-    if argv not in ([], ["seq2seq"], ["attention"], ["unpad"]):
-        print("usage: python benchmarks/cuda_checks.py [seq2seq | attention | unpad]")
+    if argv not in ([], ["seq2seq"], ["attention"], ["unpad"], ["precision"]):
+        print("usage: python benchmarks/cuda_checks.py [seq2seq | attention | unpad | precision]")
         return 2
     if not torch.cuda.is_available():
         print("no CUDA device: these checks need a GPU")
@@ -396,6 +464,10 @@ def main(argv: list[str]) -> int:
             return 0 if ok else 1
     if argv in ([], ["unpad"]):
         ok &= unpadded("sdpa") & unpadded("flash_attention_2")
+        if argv:
+            return 0 if ok else 1
+    if argv in ([], ["precision"]):
+        ok &= precision("sdpa") & precision("flash_attention_2")
         if argv:
             return 0 if ok else 1
     decoder_only = (
