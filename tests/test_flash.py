@@ -162,3 +162,30 @@ def test_a_pad_inside_a_packed_sequence_warns_its_own_cause(fresh_warnings):
     kwargs["position_ids"][0, 1 : len(SEQUENCES[0])] -= 1
     with torch.no_grad(), pytest.warns(RuntimeWarning, match="a pad inside a packed sequence"):
         model(**kwargs)
+
+
+@pytest.mark.parametrize("autocast", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_packed_and_unpadded_under_autocast(autocast):
+    """Mixed precision over fp32 weights: transformers' flash path casts to autocast's dtype; a packed row
+    and an unpadded batch, each sequence within the regime's tolerance of itself alone in it."""
+    from hfpatch.tolerances import bound
+
+    model = flash_model("llama")
+    rows = [list(seq) for seq in SEQUENCES]
+    width = max(map(len, rows))
+    with torch.no_grad(), torch.autocast("cpu", dtype=autocast):
+        with stock():
+            want = [model(input_ids=torch.tensor([row])).logits[0].float() for row in rows]
+        kwargs, spans = pack([SEQUENCES], True)
+        packed = model(**kwargs).logits[0].float()
+        hfpatch.apply(unpad=True)
+        try:
+            ids = torch.tensor([row + [0] * (width - len(row)) for row in rows])
+            mask = torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in rows])
+            unpadded = model(input_ids=ids, attention_mask=mask).logits.float()
+        finally:
+            hfpatch.apply(unpad=False)
+    limit = bound(autocast, max(w.abs().max().item() for w in want))
+    for (_, start, seq), w, r in zip(spans, want, range(len(rows))):
+        assert (packed[start : start + len(seq)] - w).abs().max() <= limit
+        assert (unpadded[r, : len(seq)] - w).abs().max() <= limit
