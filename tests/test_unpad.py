@@ -581,3 +581,22 @@ def test_falcon_with_alibi_runs_and_says_why(fresh_warnings):
     for r, row in enumerate(ROWS):
         assert (real(got, mask, r) - run_alone(model, row)).abs().max() <= TOLERANCE
     assert "not with alibi=True" in hfpatch.status()["falcon"].packed
+
+
+def test_tuples_come_back_in_the_callers_layout(arch):
+    """``return_dict=False``, of the head and of its base model: logits, hidden states and each layer's
+    states at the real tokens are the padded call's."""
+    model = tiny(arch)
+    kwargs = batch(ROWS)
+    mask = kwargs["attention_mask"]
+    for call in (model, model.base_model):
+        with torch.no_grad():
+            want = call(**kwargs, return_dict=False, output_hidden_states=True)
+            before = UNPADDED["calls"]
+            with unpadded():
+                got = call(**kwargs, return_dict=False, output_hidden_states=True)
+        assert isinstance(got, tuple) and len(got) == len(want)
+        assert UNPADDED["calls"] == before + 1
+        assert (got[0] - want[0])[mask != 0].abs().max() <= TOLERANCE
+        for g, w in zip(got[-1], want[-1]):  # each layer's hidden states
+            assert (g - w)[mask != 0].abs().max() <= TOLERANCE
