@@ -57,6 +57,7 @@ class _Call(threading.local):
     # unpadded); True inside the packed call an unpadded one makes
     unpad: Optional[bool] = None
     unpadding: bool = False
+    generating: Any = None  # the 2-D mask generate() is about to pass (apply(unpad=True): its last column)
     watching: bool = False  # inside a watched call, or a watcher's own work: not watched again
 
 

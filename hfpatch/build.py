@@ -93,7 +93,9 @@ def build(adapter: Adapter, module: Any, pin: Pin) -> tuple[Patch, ...]:
         hands_on = head.drops and keeps
         replacement = handing_on(head.forward, pin, head.takes_positions) if hands_on else head.forward
         if unpads and head.targets:  # apply(unpad=True): a causal LM's head unpadded, any head's targets read
-            replacement = gate(replacement, pin, plan.masks, plan.cache_kw, causal_lm_head(head.cls))
+            replacement = gate(
+                replacement, pin, plan.masks, plan.cache_kw, causal_lm_head(head.cls), head.pools
+            )
         if replacement is not head.forward:  # (on the head's class itself, where it inherits its forward)
             rows.append(Patch(head.cls, "forward", head.own, replacement))
     if hands_to is not None and HANDS_TO[hands_to].inside_layers:

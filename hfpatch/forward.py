@@ -525,6 +525,8 @@ def recording_generated_masks() -> Optional[Patch]:
             else "attention_mask"
         )
         flat, made = kwargs.get(key), inputs.get(key) if isinstance(inputs, dict) else None
+        if UNPAD[0]:  # (the mask of the call it prepares, by identity: a right-padded prompt stays padded)
+            CALL.generating = made
         if isinstance(flat, Tensor) and flat.dim() == 2 and isinstance(made, Tensor) and made.dim() == 4:
             if made.shape[-1] > flat.shape[1]:  # as wide as the static cache: one shape every step (compile)
                 flat = torch.nn.functional.pad(flat, (0, made.shape[-1] - flat.shape[1]))

@@ -37,7 +37,7 @@ from . import caches
 from ._context import CALL, PACKED, UNPAD, Pin, Users, count_unpadded, patched_here, warn_once
 from .patches import ABSENT, Ledger, Patch
 from .positions import has_padding, positions_in_segments, restarts, segments, segments_from_lengths
-from .sources import forward_tree
+from .sources import forward_tree, pools_by_pad_id, source_of
 
 __all__ = [
     "Groups",
@@ -114,8 +114,8 @@ class Head(NamedTuple):
     the one it inherits from a mixin: 5.x's ``GenericForTokenClassification`` ...), what its class holds
     under that name (``ABSENT`` for an inherited one), whether it hands its ``**kwargs`` to no call of its
     base model (a packed row's lengths stop there), whether it takes ``position_ids`` itself (or they stop
-    there too: 5.x's BLOOM heads), and whether it takes a target its loss reads (``labels``,
-    ``start_positions``, ``end_positions``)."""
+    there too: 5.x's BLOOM heads), whether it takes a target its loss reads (``labels``,
+    ``start_positions``, ``end_positions``), and whether it pools the token it picks by the pad id."""
 
     cls: type
     forward: Callable
@@ -123,6 +123,7 @@ class Head(NamedTuple):
     drops: bool
     takes_positions: bool
     targets: bool
+    pools: bool = False
 
 
 def task_heads(module: Any, owner: type) -> list[Head]:
@@ -156,7 +157,8 @@ def task_heads(module: Any, owner: type) -> list[Head]:
         )
         drops = var is not None and not hands_on
         targets = any(name in params for name in TARGETS)
-        found.append(Head(value, forward, own, drops, "position_ids" in params, targets))
+        pools = pools_by_pad_id(source_of(forward) or "")
+        found.append(Head(value, forward, own, drops, "position_ids" in params, targets, pools))
     return found
 
 

@@ -17,6 +17,7 @@ __all__ = [
     "forward_tree",
     "hands_positions_to_mask_functions",
     "passes_4d_mask_as_given",
+    "pools_by_pad_id",
     "source_of",
     "takes_mask_dict",
     "unreadable_with_mask_dict",
@@ -73,6 +74,12 @@ def hands_positions_to_mask_functions(source: str) -> bool:
     """A forward that passes its positions to masking_utils' mask functions (which then find the packed
     sequences in them)."""
     return bool(_HANDS_POSITIONS.search(source))
+
+
+def pools_by_pad_id(source: str) -> bool:
+    """A head that picks the token it pools by ``config.pad_token_id`` (a sequence-classification head:
+    the last token whose id is not the pad id, whatever the mask says)."""
+    return "pad_token_id" in source
 
 
 def unreadable_with_mask_dict(source: str) -> bool:

@@ -205,7 +205,9 @@ def causal_lm_head(cls: type) -> bool:
     return "labels" in params and ("logits_to_keep" in params or "num_logits_to_keep" in params)
 
 
-def gate(original: Callable, pin: Pin, masks: Any, cache_kw: Optional[str], causal: bool) -> Callable:
+def gate(
+    original: Callable, pin: Pin, masks: Any, cache_kw: Optional[str], causal: bool, pools: bool = False
+) -> Callable:
     """The ``forward`` of a task head of a patched model, while ``apply(unpad=True)`` holds: a causal LM's
     head unpadded itself (its LM head and loss on the real tokens); any head's call checked for an output
     it reads at a pad (:func:`read_at_a_pad`), so that its base model is not unpadded there
@@ -229,7 +231,7 @@ def gate(original: Callable, pin: Pin, masks: Any, cache_kw: Optional[str], caus
         mask = kwargs["attention_mask"]
         labels = kwargs.get("labels")
         targets = _shifted(labels, mask) if causal else labels
-        why = read_at_a_pad(kwargs, targets, causal)
+        why = read_at_a_pad(kwargs, targets, causal, self.config if pools else None)
         allowed = why is None  # (its base model, unpadded)
         if not allowed:
             count_unpadded(why)
@@ -257,11 +259,15 @@ def _keeps(kwargs: dict) -> Any:
     return None if kept is None or (isinstance(kept, int) and kept == 0) else kept
 
 
-def read_at_a_pad(kwargs: dict, targets: Any, causal: bool) -> Optional[str]:
+def read_at_a_pad(kwargs: dict, targets: Any, causal: bool, pools: Any = None) -> Optional[str]:
     """Why a head's call would read an output at a pad (then its base model keeps the padded path), or
     None: a token-level target at a pad (a causal LM's: the next column's label), a loss over every
-    position (question answering's ``start_positions``/``end_positions``), logits kept at a pad."""
+    position (question answering's ``start_positions``/``end_positions``), logits kept at a pad, a token
+    pooled by the pad id (``pools``: the head's config) where a pad's id is not it, a ``generate()`` prompt
+    whose last column is a pad (the next token is read there)."""
     mask = kwargs["attention_mask"]
+    if mask is CALL.generating and not bool(mask[:, -1].all()):
+        return "a right-padded generate() prompt (its next token is read at a pad)"
     if _from_a_pad(targets, mask):
         return "a label predicted from a pad" if causal else "a label at a pad"
     if any(kwargs.get(name) is not None for name in SPANS):
@@ -271,6 +277,11 @@ def read_at_a_pad(kwargs: dict, targets: Any, causal: bool) -> Optional[str]:
         columns = mask[:, -kept:] if isinstance(kept, int) else mask[:, kept]
         if not bool(columns.all()):
             return "logits kept at a pad"
+    ids = kwargs.get("input_ids")
+    if pools is not None and isinstance(ids, Tensor):
+        pad = getattr(pools, "pad_token_id", None)
+        if pad is None or bool(((mask == 0) & (ids != pad)).any()):
+            return "a token pooled by the pad id, whose id a pad does not have"
     return None
 
 

@@ -521,12 +521,16 @@ def test_a_right_padded_generate_is_unpad_falses(arch):
     model = _head(arch, "AutoModelForCausalLM")
     kwargs = batch(ROWS)
     options = {"max_new_tokens": 3, "do_sample": False, "pad_token_id": 0}
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # (transformers' own: right padding detected)
-        want = model.generate(**kwargs, **options)
-        with unpadded():
-            got = model.generate(**kwargs, **options)
-    assert torch.equal(got, want)
+    keeps = [{}]
+    if "logits_to_keep" in inspect_parameters(model):
+        keeps.append({"logits_to_keep": 0})  # every column kept: the last one still read
+    for keep in keeps:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (transformers' own: right padding detected)
+            want = model.generate(**kwargs, **options, **keep)
+            with unpadded():
+                got = model.generate(**kwargs, **options, **keep)
+        assert torch.equal(got, want), keep
 
 
 def inspect_parameters(model) -> set:
@@ -600,3 +604,17 @@ def test_tuples_come_back_in_the_callers_layout(arch):
         assert (got[0] - want[0])[mask != 0].abs().max() <= TOLERANCE
         for g, w in zip(got[-1], want[-1]):  # each layer's hidden states
             assert (g - w)[mask != 0].abs().max() <= TOLERANCE
+
+
+def test_a_pooled_token_picked_by_the_pad_id_is_the_padded_calls(arch):
+    """A sequence-classification head pools the last token whose id is not ``pad_token_id``, whatever the
+    mask says: where a pad's id is another, that token is a pad (the padded path, as stock pools it)."""
+    model = _head(arch, "AutoModelForSequenceClassification", num_labels=3, pad_token_id=0)
+    kwargs = batch(ROWS)
+    kwargs["input_ids"] = kwargs["input_ids"].masked_fill(kwargs["attention_mask"] == 0, 7)  # pads of id 7
+    labels = torch.tensor([0, 1, 2, 1])
+    with torch.no_grad():
+        want = model(**kwargs, labels=labels)
+        reason = "a token pooled by the pad id, whose id a pad does not have"
+        got = _padded_reason(lambda: model(**kwargs, labels=labels), reason)
+    assert torch.equal(got.logits, want.logits) and torch.equal(got.loss, want.loss)
