@@ -12,8 +12,9 @@ The rows of an adapter, in order:
 4. the SDPA switch on its class, on the releases ``Adapter.eager_mask`` names;
 5. the static cache's sliding layer ``__init__`` (it records the length it was asked for), shared by
    every adapter;
-6. transformers' SDPA attention function (its registry's entry), which runs a packed row one sequence at
-   a time where the mask by sequence says how (:mod:`hfpatch.packed`), shared by every adapter, and the
+6. where its packed rows are kept, its module's ``ALL_ATTENTION_FUNCTIONS`` and
+   ``eager_attention_forward``, which run a packed row one group of sequences at a time where its layout
+   reaches them (:mod:`hfpatch.attention`: module-scoped, shared by the module's adapters), and the
    forward of the task heads of its module that would drop a packed row's lengths or positions (4.57's
    GPT-2 heads, 5.x's BLOOM heads);
 7. where the hand-off runs inside a layer, the checkpoint function of the module's checkpointing
@@ -26,10 +27,11 @@ from typing import Any
 
 from . import caches
 from ._context import CarryContext, Pin, SdpaSwitch, Users
+from .attention import module_rows
 from .declarations import Adapter
 from .decoders import HANDS_TO, receiver
 from .forward import make_forward, packed_support, recording_generated_masks, why_padded_here
-from .packed import by_sequence_sdpa, handing_on, task_heads, warning_of_packed_rows
+from .packed import handing_on, task_heads, warning_of_packed_rows
 from .patches import ABSENT, Patch
 from .plans import read_plan
 from .rope import per_row_forward, rotary_classes
@@ -86,8 +88,10 @@ def build(adapter: Adapter, module: Any, pin: Pin) -> tuple[Patch, ...]:
     if plan.eager_mask_attr is not None:
         name = plan.eager_mask_attr
         rows.append(Patch(owner, name, owner.__dict__.get(name, ABSENT), SdpaSwitch(name)))
-    shared = (caches.recording_requested_lengths(), recording_generated_masks(), by_sequence_sdpa())
+    shared = (caches.recording_requested_lengths(), recording_generated_masks())
     rows.extend(row for row in shared if row is not None)  # (every adapter's: the ledger counts them)
+    if keeps:  # its module's attention functions, by sequence where a packed row's layout reaches them
+        rows.extend(module_rows(module))
     unpads = why_padded_here(adapter, plan) is None
     for head in heads:  # (where they are not kept, a head that drops a packed row's inputs drops them)
         hands_on = head.drops and keeps

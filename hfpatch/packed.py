@@ -6,15 +6,16 @@ cache (``use_cache=False``, 5.x); a patched forward keeps each one to itself:
 1. :func:`packed_rows` finds them: the caller's ``position_ids`` restart at a real token (pads never
    split a row), and nothing is cached before the call (:func:`hfpatch.positions.segments`, the rule
    transformers uses);
-2. :func:`hfpatch.windows.apply_masks` hands the model a mask by sequence (the windows' one rule: real,
-   causal, in the query's sequence, within the window by position), in the form its mask code takes;
-3. with SDPA (eager mode), that mask carries the sequences' layout (:class:`Groups`), and the SDPA
-   function of transformers' attention registry (set there by the first packed row, kept while hfpatch is
-   installed, :func:`by_sequence_sdpa`)
-   runs each sequence on its own (causal, grouped by length) instead of the whole row under the mask:
-   ``sum(length ** 2)`` of work instead of ``row ** 2``. Where the layout does not reach it (a model
-   that rebuilds the mask, compiled code, reentrant checkpointing's recomputation), the mask itself is
-   applied: the same result.
+2. :func:`sequences` computes their layout once (the call's one host read), and
+   :func:`hfpatch.windows.apply_masks` hands it to each layer type as its mask
+   (:class:`hfpatch.attention.ByLayout`: the windows' one rule, real, causal, in the query's sequence,
+   within the window by position), where the forward takes masks by layer type (4.53+); the patched
+   module's own attention functions (:mod:`hfpatch.attention`) run SDPA and eager attention on each
+   group of sequences alone (``sum(length ** 2)`` of work, no ``row ** 2`` tensor), flex and flash
+   attention take it their way (a ``BlockMask``, the lengths). On releases whose mask code takes no
+   layout, the mask by sequence is rendered in the form it takes, and for SDPA carries the layout, which
+   the module's SDPA function runs by sequence all the same. Compiled code gets the dense masks (no
+   branch on tensor values): the same result.
 
 A call that gives its sequences by their lengths (``cu_seq_lens_q``, ``seq_idx``) and no positions gets
 positions counting from 0 in each (:func:`positions_from_lengths`). Where a packed row cannot be kept to
@@ -34,16 +35,14 @@ import torch
 from torch import Tensor
 
 from . import caches
-from ._context import CALL, PACKED, UNPAD, Pin, Users, count_unpadded, patched_here, warn_once
-from .patches import ABSENT, Ledger, Patch
+from ._context import CALL, PACKED, UNPAD, Pin, count_unpadded, patched_here, warn_once
+from .attention import Sequences
+from .patches import ABSENT
 from .positions import has_padding, positions_in_segments, restarts, segments, segments_from_lengths
 from .sources import forward_tree, pools_by_pad_id, source_of
 
 __all__ = [
-    "Groups",
-    "by_sequence_sdpa",
-    "needs_by_sequence",
-    "groups",
+    "sequences",
     "Head",
     "handing_on",
     "task_heads",
@@ -52,8 +51,6 @@ __all__ = [
     "warn_not_kept",
     "warning_of_packed_rows",
 ]
-
-GROUPS = "_hfpatch_groups"  # on a mask by sequence handed to SDPA: its Groups
 
 
 def packed_rows(kwargs: dict, tokens: Optional[Tensor]) -> Optional[tuple[Tensor, Tensor, Tensor]]:
@@ -261,24 +258,13 @@ def warn_not_kept(arch: str, why: str) -> None:
     warn_once(("packed row", arch, why), message, stacklevel=5)
 
 
-# --- SDPA, one sequence at a time -----------------------------------------------------------------
+# --- the layout: a call's packed rows as their sequences ---------------------------------------------
 
 
-class Groups(NamedTuple):
-    """The real tokens of a packed batch, grouped by sequence for SDPA: per group of sequences of
-    similar length, ``index`` ``[sequences, longest]`` (flat token numbers over ``batch x length``, a
-    short sequence padded with its own first token, which comes after its real ones and so is never
-    attended causally) and ``valid`` (the real entries)."""
-
-    shape: tuple[int, int]  # (batch, length)
-    parts: tuple[tuple[Tensor, Tensor], ...]  # (index, valid) per group
-
-    def longest(self) -> int:
-        return max(index.shape[1] for index, _ in self.parts)
-
-
-def groups(mask: Tensor, segment_ids: Tensor) -> Groups:
-    """:class:`Groups` of a packed batch (eager mode: reads the sequences' lengths once)."""
+def sequences(mask: Tensor, positions: Tensor, segment_ids: Tensor) -> Sequences:
+    """The :class:`~hfpatch.attention.Sequences` of a packed batch: its real tokens grouped by sequence, in
+    groups of sequences of similar length (eager mode: reads the sequences' lengths once, the call's one
+    host read; ``positions`` ``[batch or 1, length]``, ``segment_ids`` :func:`hfpatch.positions.segments`)."""
     batch, length = mask.shape
     real = (mask != 0).reshape(-1)
     flat = real.nonzero().squeeze(1)  # the real tokens, in order
@@ -291,90 +277,13 @@ def groups(mask: Tensor, segment_ids: Tensor) -> Groups:
     for i, size in enumerate(sizes):  # groups of sizes within a factor of 2: little work on padding
         by_size.setdefault(1 << (size - 1).bit_length(), []).append(i)
     parts = []
+    offsets = torch.arange(max(sizes), device=mask.device)
     for members in by_size.values():
         chosen = torch.tensor(members, device=mask.device)
         own, first = counts[chosen], starts[chosen]
-        longest = int(max(sizes[i] for i in members))
-        offsets = torch.arange(longest, device=mask.device)
-        valid = offsets[None, :] < own[:, None]
-        index = flat[first[:, None] + torch.where(valid, offsets[None, :], 0)]
+        longest = max(sizes[i] for i in members)
+        valid = offsets[None, :longest] < own[:, None]
+        index = flat[first[:, None] + torch.where(valid, offsets[None, :longest], 0)]
         parts.append((index, valid))
-    return Groups((batch, length), tuple(parts))
-
-
-def by_sequence_sdpa() -> Optional[Patch]:
-    """The row that makes transformers' SDPA attention function (its registry's ``"sdpa"``, 4.48+) run a
-    mask by sequence that carries its :class:`Groups` one sequence at a time, made once (every adapter
-    shares it): lazy, set in the registry by the first packed row that needs it (:func:`needs_by_sequence`)
-    and kept until ``revert()``, so that a process that never packs a row never runs it (it costs every
-    attention layer a frame). None before the registry."""
-    mapping = _attention_registry()
-    original = mapping.get("sdpa") if mapping is not None else None
-    if original is None:
-        return None
-    made = _ROW[0]
-    if made is not None and made.owner is mapping and made.original is original:
-        return made
-
-    @functools.wraps(original)
-    def sdpa_attention_forward(
-        module: Any, query: Tensor, key: Tensor, value: Tensor, attention_mask: Any, *args: Any, **kwargs: Any
-    ) -> Any:
-        grouped = getattr(attention_mask, GROUPS, None) if attention_mask is not None else None
-        if (
-            grouped is None
-            or args
-            or kwargs.get("position_bias") is not None
-            or torch.compiler.is_compiling()
-        ):
-            return original(module, query, key, value, attention_mask, *args, **kwargs)
-        batch, length = grouped.shape
-        if query.shape[0] != batch or query.shape[2] != length or key.shape[2] != length:
-            return original(module, query, key, value, attention_mask, **kwargs)  # (not a row it describes)
-        return _by_sequence(original, module, query, key, value, grouped, kwargs)
-
-    _ROW[0] = Patch(mapping, "sdpa", original, sdpa_attention_forward, Users(), lazy=True)
-    return _ROW[0]
-
-
-_ROW: list[Optional[Patch]] = [None]  # the by-sequence SDPA row (by_sequence_sdpa)
-
-
-def needs_by_sequence() -> None:
-    """A packed row's masks carry their :class:`Groups` for SDPA: the by-sequence row set in the registry
-    if it is not yet (:meth:`hfpatch.patches.Ledger.first_use`)."""
-    row = _ROW[0]
-    if row is not None and row.current() is not row.replacement:
-        Ledger.first_use(row)
-
-
-def _by_sequence(
-    original: Callable, module: Any, query: Tensor, key: Tensor, value: Tensor, grouped: Groups, kwargs: dict
-) -> tuple[Tensor, None]:
-    """``original`` (SDPA) on each group of sequences alone, causal; the outputs put back in place."""
-    batch, length = grouped.shape
-    kwargs = {**kwargs, "is_causal": True}  # (a model may pass False: it computed that for the mask it has)
-    flat = [t.transpose(1, 2).reshape(batch * length, t.shape[1], t.shape[3]) for t in (query, key, value)]
-    out: Optional[Tensor] = None
-    for index, valid in grouped.parts:
-        q, k, v = (t[index].transpose(1, 2) for t in flat)  # [sequences, heads, longest, dim]
-        attended, _ = original(module, q, k, v, None, **kwargs)  # [sequences, longest, heads, dim]
-        if out is None:  # in SDPA's output dtype: autocast's, not the query's (fp32 weights under bf16)
-            out = attended.new_zeros(batch * length, query.shape[1], value.shape[3])
-        out.index_copy_(0, index[valid], attended[valid])  # (in place: a copy a group would cost T x dim)
-    assert out is not None  # (a packed row has a sequence)
-    return out.reshape(batch, length, *out.shape[1:]), None
-
-
-def _attention_registry() -> Optional[dict]:
-    """transformers' mapping of attention functions: ``AttentionInterface._global_mapping`` (4.52+), the
-    ``ALL_ATTENTION_FUNCTIONS`` dict (4.48-4.51), or None."""
-    import sys
-
-    modeling_utils = sys.modules.get("transformers.modeling_utils")
-    interface = getattr(modeling_utils, "AttentionInterface", None)
-    mapping = getattr(interface, "_global_mapping", None)
-    if isinstance(mapping, dict):
-        return mapping
-    mapping = getattr(modeling_utils, "ALL_ATTENTION_FUNCTIONS", None)
-    return mapping if isinstance(mapping, dict) else None
+    flat_positions = positions.expand(batch, length).reshape(-1)
+    return Sequences((batch, length), tuple(parts), flat_positions, mask != 0, segment_ids)

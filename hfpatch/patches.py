@@ -24,7 +24,7 @@ ABSENT: Any = _Absent()  # the class had no attribute of its own by that name: r
 
 
 class Patch(NamedTuple):
-    """One replaced class attribute (or an entry of a registry mapping: transformers' attention
+    """One replaced class attribute (or an entry of a namespace: a modeling module's attention
     functions)."""
 
     owner: Any  # a class, or a dict
@@ -32,9 +32,6 @@ class Patch(NamedTuple):
     original: Any  # the class's own value before (``ABSENT``: none of its own)
     replacement: Any
     users: Optional[Users] = None  # who shares it, for a replacement that reads that (rotary classes)
-    # set on its owner at its first use, not at install (:func:`Ledger.first_use`): transformers' SDPA
-    # entry, which only packed rows need, so that a process that never packs a row never runs it
-    lazy: bool = False
 
     @property
     def key(self) -> tuple[Any, str]:
@@ -44,7 +41,7 @@ class Patch(NamedTuple):
         return _namespace(self.owner).get(self.attribute, ABSENT)
 
     def put(self, value: Any) -> None:
-        """Set the attribute (an entry of a mapping, for a registry of functions) to ``value``."""
+        """Set the attribute (an entry of a namespace: a module's functions) to ``value``."""
         if isinstance(self.owner, dict):
             self.owner[self.attribute] = value
         else:
@@ -74,7 +71,7 @@ class Ledger:
         for row in rows:
             installed = self._rows.get(row.key)
             expected = installed[0].replacement if installed is not None else row.original
-            if row.current() is not expected and not (row.lazy and row.current() is row.original):
+            if row.current() is not expected:
                 return True
         return False
 
@@ -102,8 +99,7 @@ class Ledger:
                     self._rows[row.key] = (kept, (*users, pin))
                     _publish(kept, (*users, pin))
                 continue
-            if not row.lazy:
-                row.put(row.replacement)
+            row.put(row.replacement)
             self._rows[row.key] = (row, (pin,))
             _publish(row, (pin,))
             done.append(row)
@@ -131,14 +127,6 @@ class Ledger:
                     kept.put(kept.original)
                 undone.append(kept)
         return undone
-
-    @staticmethod
-    def first_use(row: Patch) -> None:
-        """Set a lazy row on its owner, where it is installed (some adapter uses it) and its owner still
-        holds the original: the first call that needs it (its :class:`Users` say whether it is installed,
-        so this reads no lock; revert puts the original back as for any row)."""
-        if row.lazy and row.users is not None and row.users.pins and row.current() is row.original:
-            row.put(row.replacement)
 
     def installed_by(self, pin: Pin) -> tuple[Patch, ...]:
         """The installed rows ``pin``'s adapter uses."""

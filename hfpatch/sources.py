@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 __all__ = [
     "fills_positions_when_none",
+    "attends_inline",
     "forward_tree",
     "hands_positions_to_mask_functions",
     "passes_4d_mask_as_given",
@@ -53,6 +54,13 @@ def forward_tree(function: Any) -> Optional[ast.AST]:
         return ast.parse(textwrap.dedent(source))
     except SyntaxError:
         return None
+
+
+def attends_inline(module: Any) -> bool:
+    """A modeling module whose attention calls SDPA itself (``scaled_dot_product_attention(``), not
+    through its ``ALL_ATTENTION_FUNCTIONS``, or whose source cannot be read."""
+    source = source_of(module)
+    return source is None or "scaled_dot_product_attention(" in source
 
 
 def takes_mask_dict(source: str) -> bool:

@@ -35,8 +35,15 @@ import torch
 
 from . import caches
 from ._compat import cache_utils
+from .attention import LAYOUT, MAPPING, ByLayout, carrier
 from .positions import cache_positions, keys_seen, sequence_lengths, window_mask
-from .sources import passes_4d_mask_as_given, source_of, takes_mask_dict, unreadable_with_mask_dict
+from .sources import (
+    attends_inline,
+    passes_4d_mask_as_given,
+    source_of,
+    takes_mask_dict,
+    unreadable_with_mask_dict,
+)
 
 __all__ = [
     "FORMS",
@@ -93,6 +100,9 @@ class MaskPlan(NamedTuple):
     # its forward may build ALiBi from the 2-D mask it is given (Falcon with ``alibi=True``): a mask by
     # sequence would replace it, so such a model's packed rows are left to stock
     alibi: bool = False
+    # its module's attention runs through its own attention functions (``ALL_ATTENTION_FUNCTIONS``, which
+    # hfpatch makes module-scoped: hfpatch.attention), none inline: a packed row's layout reaches them
+    by_layout: bool = False
 
     @property
     def float_masks(self) -> bool:
@@ -139,7 +149,9 @@ def mask_plan(owner: type, packed: bool = True) -> Optional[MaskPlan]:
         p.kind is inspect.Parameter.VAR_KEYWORD for p in inspect.signature(owner.forward).parameters.values()
     )
     alibi = "alibi" in source
-    return MaskPlan(form, takes_dict, by_slots, windowed, ignored, decoder, packed, lengths, alibi)
+    module = sys.modules.get(owner.__module__)
+    by_layout = hasattr(module, MAPPING) and not attends_inline(module)
+    return MaskPlan(form, takes_dict, by_slots, windowed, ignored, decoder, packed, lengths, alibi, by_layout)
 
 
 def _flash_takes_lengths() -> bool:
@@ -192,6 +204,18 @@ def apply_masks(
             return FLASH_NO_LENGTHS
         return _by_lengths(kwargs, mask, packed[1])
     positions, segment_ids = packed if packed is not None else (None, None)
+    eager_mode = not torch.compiler.is_compiling()
+    by_layout = plan.by_layout and plan.form == MASK_FUNCTIONS and attention in ATTENTION and eager_mode
+    if packed is not None and by_layout:  # the layout, once: each layer type's mask (hfpatch.attention)
+        from .packed import sequences
+
+        laid = sequences(mask, positions, segment_ids)
+        made = {
+            kind: carrier(ByLayout(laid, *(size or (None, None))), model.dtype)
+            for kind, size in windows.items()
+        }
+        kwargs["attention_mask"] = made if plan.takes_mask_dict else made[types[0]]
+        return None
     slots = start if isinstance(start, torch.Tensor) else cache_positions(num_new, start, mask.device)
     first = {kind: types.index(kind) if kind in types else 0 for kind in windows}  # (a kind no layer uses)
     masks = {}
@@ -208,8 +232,8 @@ def apply_masks(
             padded, slots, keys, *(size or (None, None)), positions=positions, segment_ids=segment_ids
         )
         masks[kind] = _as_model_takes(allowed, plan, attention, model.dtype)
-    if packed is not None and attention == "sdpa" and not torch.compiler.is_compiling():
-        _by_sequence(masks, windows, mask, segment_ids)
+    if packed is not None and attention == "sdpa" and eager_mode:
+        _by_sequence(masks, windows, mask, positions, segment_ids)
     kwargs["attention_mask"] = masks if plan.takes_mask_dict else masks[types[0]]
     return None
 
@@ -235,17 +259,19 @@ def _by_lengths(kwargs: dict, mask: torch.Tensor, segment_ids: torch.Tensor) -> 
     return None
 
 
-def _by_sequence(masks: dict, windows: dict, mask: torch.Tensor, segment_ids: torch.Tensor) -> None:
-    """Let SDPA run each packed sequence on its own (:mod:`hfpatch.packed`): the masks of the layer types
-    whose window or chunk no sequence exceeds carry the sequences' layout."""
-    from .packed import GROUPS, groups, needs_by_sequence
+def _by_sequence(
+    masks: dict, windows: dict, mask: torch.Tensor, positions: torch.Tensor, segment_ids: torch.Tensor
+) -> None:
+    """Let SDPA run each packed sequence on its own where the mask code takes no layout (the module's
+    SDPA function, :mod:`hfpatch.attention`): the dense masks of the layer types whose window or chunk
+    no sequence exceeds carry the sequences' layout."""
+    from .packed import sequences
 
-    needs_by_sequence()
-    grouped = groups(mask, segment_ids)
-    longest = grouped.longest()
+    laid = sequences(mask, positions, segment_ids)
+    longest = laid.longest()
     for kind, size in windows.items():
         if all(limit is None or longest <= limit for limit in size or ()):
-            setattr(masks[kind], GROUPS, grouped)
+            setattr(masks[kind], LAYOUT, ByLayout(laid))
 
 
 def whole_cache(
