@@ -73,7 +73,8 @@ class Layout(NamedTuple):
     def scatter(self, tensor: Tensor) -> Tensor:
         """``[1, real tokens, ...]`` -> ``[batch, length, ...]``, zeros at the pads."""
         flat = tensor[0, : len(self.index)]
-        out = flat.new_zeros(self.batch * self.length, *flat.shape[1:]).index_copy(0, self.index, flat)
+        out = flat.new_zeros(self.batch * self.length, *flat.shape[1:])
+        out.index_copy_(0, self.index, flat)  # (in place: autograd follows it; one padded output, not two)
         return out.view(self.batch, self.length, *flat.shape[1:])
 
 
