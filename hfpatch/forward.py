@@ -47,8 +47,8 @@ from .observers import WATCHERS, run_watched
 from .packed import NOT_KEPT, packed_rows, positions_from_lengths, warn_not_kept
 from .patches import Patch
 from .plans import NO_SLOTS, SLOTS, SLOTS_REMOVED, Plan
-from .positions import cache_positions, call_inputs, has_holes, has_padding, new_token_positions
-from .unpad import PADDED, unpadding
+from .positions import cache_positions, call_inputs, has_holes, new_token_positions
+from .unpad import PADDED, read_host, unpadding
 from .windows import MASK_FUNCTIONS, NO_4D_MASK, MaskPlan, apply_masks, configured_window, packed_not_kept
 
 __all__ = [
@@ -108,14 +108,16 @@ def make_forward(adapter: Adapter, original: Callable, plan: Plan, pin: Pin) -> 
                 return original(self, *args, **kwargs)
         if args:
             _bind_positional(adapter, plan, args, kwargs)
-        if UNPAD[0] and CALL.unpad is not False and not CALL.unpadding and has_padding(kwargs):
-            if stays_padded is None:
-                result = unpadding(functools.partial(forward, self), self, kwargs, masks, cache_kw)
-                if result is not PADDED:  # (hfpatch.unpad: the call on its real tokens, padded back)
-                    return result
-            else:
-                count_unpadded(stays_padded)
-            return padded(forward, self, kwargs)  # (counted once: nothing inside it unpadded or counted)
+        if UNPAD[0] and CALL.unpad is not False and not CALL.unpadding:
+            host = read_host(kwargs)  # (the call's one host read: None without padding)
+            if host is not None:
+                if stays_padded is None:
+                    result = unpadding(functools.partial(forward, self), self, kwargs, masks, cache_kw, host)
+                    if result is not PADDED:  # (hfpatch.unpad: the call on its real tokens, padded back)
+                        return result
+                else:
+                    count_unpadded(stays_padded)
+                return padded(forward, self, kwargs)  # (counted once: nothing inside unpadded or counted)
         given = kwargs.copy()  # what stock gets where hfpatch cannot derive from the call (LeaveToStock)
         try:
             cache = None
@@ -256,11 +258,10 @@ def given_masks(model: Any, adapter: Adapter, plan: Plan, kwargs: dict, cache: A
     if PACKED[0]:
         found = packed_rows(kwargs, call_inputs(kwargs, plan.ids_rank))
         if found is not None:
-            mask, positions, segment_ids = found
+            mask = found.mask
             why = _not_kept(model, adapter, masks, kwargs)
             if why is None:
-                laid = (positions, segment_ids)
-                why = apply_masks(model, masks, plan.cache_kw, kwargs, cache, mask, mask.shape[1], 0, laid)
+                why = apply_masks(model, masks, plan.cache_kw, kwargs, cache, mask, mask.shape[1], 0, found)
                 if why is None:
                     return mask
             if why != "" and not torch.compiler.is_compiling():  # (""): transformers' own path, exact

@@ -270,7 +270,7 @@ def _judge_packed(seen: Any, facts: _Facts, tokens: Any) -> Any:
     found = packed_rows(kwargs, tokens)
     if found is None:
         return None
-    mask, _, segment_ids = found
+    mask, segment_ids = found.mask, found.segment_ids
     uses_cache = kwargs.get("use_cache")
     if uses_cache is None:
         uses_cache = getattr(getattr(seen.model, "config", None), "use_cache", True)

@@ -42,6 +42,7 @@ from .positions import has_padding, positions_in_segments, restarts, segments, s
 from .sources import forward_tree, pools_by_pad_id, source_of
 
 __all__ = [
+    "Packed",
     "sequences",
     "Head",
     "handing_on",
@@ -53,17 +54,32 @@ __all__ = [
 ]
 
 
-def packed_rows(kwargs: dict, tokens: Optional[Tensor]) -> Optional[tuple[Tensor, Tensor, Tensor]]:
-    """(the 2-D mask, the positions, :func:`hfpatch.positions.segments`) of a call whose caller's
-    ``position_ids`` restart inside a row, with nothing cached before it; None for any other call.
-    Multimodal rope positions ``[3 or 4, batch, length]`` are read as :func:`~hfpatch.positions.segments`
-    says (the positions returned: their first row).
-    Shapes first (a decode step has one new token: never packed); in eager mode the positions are then
-    read once, compiled code always gets the masks by sequence (the causal ones where nothing restarts:
-    no branch on tensor values)."""
+class Packed(NamedTuple):
+    """A call's packed rows: its 2-D mask, its positions (``[batch or 1, length]``: a multimodal form's
+    text or ``t`` row), :func:`hfpatch.positions.segments`, and in eager mode the mask and the segments as
+    the host read them (for :func:`sequences`: no second read), else None."""
+
+    mask: Tensor
+    positions: Tensor
+    segment_ids: Tensor
+    host: Optional[tuple[Tensor, Tensor]] = None
+
+
+def packed_rows(kwargs: dict, tokens: Optional[Tensor]) -> Optional[Packed]:
+    """The :class:`Packed` rows of a call whose caller's ``position_ids`` restart inside a row, with
+    nothing cached before it (or the layout an unpadded call hands its packed call: ``CALL.laid``, taken
+    as it is); None for any other call. Multimodal rope positions ``[3 or 4, batch, length]`` are read as
+    :func:`~hfpatch.positions.segments` says. Shapes first (a decode step has one new token: never
+    packed); in eager mode the positions and the mask are then read to the host at once (the call's one
+    read), compiled code always gets the masks by sequence (the causal ones where nothing restarts: no
+    branch on tensor values)."""
     positions = kwargs["position_ids"]
     if tokens is None or positions.__class__ is not Tensor:
         return None
+    handed = CALL.laid
+    if handed is not None and handed.positions is positions:  # an unpadded call's packed row
+        CALL.laid = None
+        return handed
     rows = positions.dim() == 3 and positions.shape[0] in (3, 4)  # multimodal rope: [(text;) t; h; w]
     if positions.dim() != 2 and not rows:
         return None
@@ -80,12 +96,31 @@ def packed_rows(kwargs: dict, tokens: Optional[Tensor]) -> Optional[tuple[Tensor
     )
     if cache is not None and (caches.capacity(cache) is not None or caches.past_length(cache)):
         return None  # continues a cache
-    if not torch.compiler.is_compiling() and not restarts(positions, mask):
+    first = positions[0] if rows else positions  # (windows count the text or t row)
+    if torch.compiler.is_compiling():
+        segment_ids = segments(positions, mask)
+        mask = torch.ones(batch, num_new, dtype=torch.bool, device=tokens.device) if mask is None else mask
+        return Packed(mask, first, segment_ids)
+    host_positions, host_mask = _on_host(positions, mask)
+    if not restarts(host_positions, host_mask):
         return None
-    segment_ids = segments(positions, mask)
+    host_segments = segments(host_positions, host_mask)
     if mask is None:
         mask = torch.ones(batch, num_new, dtype=torch.bool, device=tokens.device)
-    return mask, positions[0] if rows else positions, segment_ids  # (windows count the text or t row)
+    real = host_mask != 0 if host_mask is not None else torch.ones(batch, num_new, dtype=torch.bool)
+    segment_ids = host_segments.to(tokens.device, non_blocking=True)
+    return Packed(mask, first, segment_ids, (real, host_segments))
+
+
+def _on_host(positions: Tensor, mask: Optional[Tensor]) -> tuple[Tensor, Optional[Tensor]]:
+    """The positions and the mask, read to the host in one copy."""
+    if positions.device.type == "cpu" and (mask is None or mask.device.type == "cpu"):
+        return positions, mask
+    flat = positions.reshape(-1, positions.shape[-1]).long()
+    both = torch.cat([flat, mask.long()]) if mask is not None else flat
+    host = both.cpu()
+    host_positions = host[: flat.shape[0]].reshape(positions.shape)
+    return host_positions, host[flat.shape[0] :] if mask is not None else None
 
 
 def positions_from_lengths(kwargs: dict, tokens: Optional[Tensor]) -> None:
@@ -261,14 +296,15 @@ def warn_not_kept(arch: str, why: str) -> None:
 # --- the layout: a call's packed rows as their sequences ---------------------------------------------
 
 
-def sequences(mask: Tensor, positions: Tensor, segment_ids: Tensor) -> Sequences:
+def sequences(packed: Packed) -> Sequences:
     """The :class:`~hfpatch.attention.Sequences` of a packed batch: its real tokens grouped by sequence, in
-    groups of sequences of similar length (eager mode: reads the sequences' lengths once, the call's one
-    host read; ``positions`` ``[batch or 1, length]``, ``segment_ids`` :func:`hfpatch.positions.segments`)."""
+    groups of sequences of similar length, computed from what the host read (``packed.host``; where there
+    is none, the lengths are read here: eager code only)."""
+    mask = packed.mask
     batch, length = mask.shape
-    real = (mask != 0).reshape(-1)
-    flat = real.nonzero().squeeze(1)  # the real tokens, in order
-    rows = torch.arange(batch, device=mask.device)[:, None] * (length + 1)
+    real, segment_ids = packed.host if packed.host is not None else (mask != 0, packed.segment_ids)
+    flat = real.reshape(-1).nonzero().squeeze(1)  # the real tokens, in order
+    rows = torch.arange(batch, device=flat.device)[:, None] * (length + 1)
     sequence = (segment_ids.expand(batch, length) + rows).reshape(-1)[flat]  # nondecreasing
     counts = torch.unique_consecutive(sequence, return_counts=True)[1]
     starts = counts.cumsum(0) - counts
@@ -277,13 +313,13 @@ def sequences(mask: Tensor, positions: Tensor, segment_ids: Tensor) -> Sequences
     for i, size in enumerate(sizes):  # groups of sizes within a factor of 2: little work on padding
         by_size.setdefault(1 << (size - 1).bit_length(), []).append(i)
     parts = []
-    offsets = torch.arange(max(sizes), device=mask.device)
+    offsets = torch.arange(max(sizes))
     for members in by_size.values():
-        chosen = torch.tensor(members, device=mask.device)
-        own, first = counts[chosen], starts[chosen]
+        chosen = torch.tensor(members)
+        own, first = counts[chosen].cpu(), starts[chosen].cpu()
         longest = max(sizes[i] for i in members)
         valid = offsets[None, :longest] < own[:, None]
-        index = flat[first[:, None] + torch.where(valid, offsets[None, :longest], 0)]
-        parts.append((index, valid))
-    flat_positions = positions.expand(batch, length).reshape(-1)
-    return Sequences((batch, length), tuple(parts), flat_positions, mask != 0, segment_ids)
+        index = flat.cpu()[first[:, None] + torch.where(valid, offsets[None, :longest], 0)]
+        parts.append((index.to(mask.device, non_blocking=True), valid.to(mask.device, non_blocking=True)))
+    positions = packed.positions.expand(batch, length).reshape(-1)
+    return Sequences((batch, length), tuple(parts), positions, mask != 0, packed.segment_ids)

@@ -26,6 +26,7 @@ __all__ = [
     "call_inputs",
     "has_holes",
     "has_padding",
+    "padded_on_host",
     "keys_seen",
     "new_token_positions",
     "packed_stock_error",
@@ -52,19 +53,31 @@ def call_inputs(kwargs: dict, rank: int = 2) -> Optional[torch.Tensor]:
     return tokens if isinstance(tokens, torch.Tensor) and tokens.dim() == rank else None
 
 
-def has_padding(kwargs: dict) -> bool:
-    """A 2-D mask as wide as the call's tokens (ids, or embeddings), with a pad (eager: reads the mask
-    once)."""
+def padded_on_host(kwargs: dict, *alongside: torch.Tensor) -> Optional[torch.Tensor]:
+    """A call whose 2-D mask is as wide as its tokens (ids, or embeddings) and has a pad: the mask (1 real,
+    0 pad) and each of ``alongside`` (``[batch, length]`` tensors), as int64 ``[1 + len(alongside), batch,
+    length]``, read to the host in one copy (the call's one host read); None for any other call, and in
+    compiled code (nothing read).
+
+    Example:
+        >>> padded_on_host({"input_ids": torch.ones(1, 3), "attention_mask": torch.tensor([[1, 1, 0]])})
+        tensor([[[1, 1, 0]]])
+    """
     mask, ids = kwargs.get("attention_mask"), kwargs.get("input_ids")
     if ids is None:
         ids = kwargs.get("inputs_embeds")
     if mask.__class__ is not torch.Tensor or mask.dim() != 2 or not isinstance(ids, torch.Tensor):
-        return False
-    if ids.dim() < 2:
-        return False
-    if tuple(mask.shape) != tuple(ids.shape[:2]) or torch.compiler.is_compiling():
-        return False
-    return not bool(mask.all())
+        return None
+    if ids.dim() < 2 or tuple(mask.shape) != tuple(ids.shape[:2]) or torch.compiler.is_compiling():
+        return None
+    rows = [(mask != 0).long(), *(row.long().expand(mask.shape) for row in alongside)]
+    host = torch.stack(rows).cpu()
+    return None if bool(host[0].all()) else host
+
+
+def has_padding(kwargs: dict) -> bool:
+    """A 2-D mask as wide as the call's tokens, with a pad (:func:`padded_on_host`: one read)."""
+    return padded_on_host(kwargs) is not None
 
 
 def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:

@@ -265,10 +265,10 @@ class _Rerun(NamedTuple):
     width: int  # the call's columns
 
 
-def _rerun_packed(seen: Any, found: tuple, result: Any, sequence: int) -> _Rerun:
+def _rerun_packed(seen: Any, found: Any, result: Any, sequence: int) -> _Rerun:
     """Packed sequence ``sequence`` (its row * the row's length + its segment) run alone with its own
     positions."""
-    mask, positions, segment_ids = found
+    mask, positions, segment_ids = found.mask, found.positions, found.segment_ids
     key = "input_ids" if seen.kwargs.get("input_ids") is not None else "inputs_embeds"
     real = mask != 0
     segment_ids = segment_ids.expand(real.shape)
@@ -287,9 +287,9 @@ def _rerun_packed(seen: Any, found: tuple, result: Any, sequence: int) -> _Rerun
     return _Rerun(live.detach(), alone.detach(), row, mask.shape[0], scenario, mask.shape[1])
 
 
-def _packed_sequences(found: tuple) -> list[int]:
+def _packed_sequences(found: Any) -> list[int]:
     """Every sequence of a packed batch, as :func:`_rerun_packed` numbers them."""
-    mask, _, segment_ids = found
+    mask, segment_ids = found.mask, found.segment_ids
     real = mask != 0
     segment_ids = segment_ids.expand(real.shape)
     return torch.unique(segment_ids[real] + segment_ids.shape[1] * real.nonzero()[:, 0]).tolist()

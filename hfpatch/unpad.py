@@ -39,8 +39,8 @@ from torch import Tensor
 from . import caches
 from ._compat import CACHE_NAMES
 from ._context import CALL, PACKED, UNPAD, Pin, count_unpadded, patched_here
-from .packed import NOT_KEPT, SPANS
-from .positions import has_padding, positions_from_mask
+from .packed import NOT_KEPT, SPANS, Packed
+from .positions import padded_on_host, positions_from_mask
 from .windows import FULL, layer_types, packed_not_kept, text_config, whole_cache
 
 __all__ = ["Layout", "causal_lm_head", "gate", "laid_out", "padded_back", "read_at_a_pad", "unpadding"]
@@ -78,13 +78,12 @@ class Layout(NamedTuple):
         return out.view(self.batch, self.length, *flat.shape[1:])
 
 
-def _why_padded(model: Any, kwargs: dict, masks: Any, cache_kw: Optional[str]) -> Optional[str]:
-    """Why the call in ``kwargs`` (a 2-D mask with padding, nothing cached) keeps the padded path, or
-    None: it may run on its real tokens."""
+def _why_padded(model: Any, kwargs: dict, masks: Any, cache_kw: Optional[str], host: Host) -> Optional[str]:
+    """Why the call in ``kwargs`` (a 2-D mask with padding, nothing cached; ``host``, what the host read of
+    it) keeps the padded path, or None: it may run on its real tokens."""
     if not PACKED[0]:
         return "packed rows left to stock"
-    mask = kwargs["attention_mask"]
-    if int(mask.count_nonzero()) > WORTH * mask.numel():
+    if int(host.real.sum()) > WORTH * host.real.numel():
         return f"too few pads to pay (under {1 - WORTH:.0%} of the slots)"
     if kwargs.get("input_ids") is None:
         return "inputs given by embeddings"
@@ -121,29 +120,69 @@ def _asked(kwargs: dict, config: Any, name: str) -> bool:
     return bool(getattr(config, name, False) if value is None else value)
 
 
-def laid_out(kwargs: dict) -> Optional[tuple[dict, Layout]]:
-    """The call's inputs as one packed row (its rows' real tokens, their positions), and where they came
-    from; None where a row's positions run on into the next (the packed row could not tell them apart)."""
+class Host(NamedTuple):
+    """What a call's one host read gave (:func:`read_host`): ``real`` ``[batch, length]`` bool (the mask),
+    and where the call has them, ``targets`` (a token-level target there), ``foreign`` (an id that is not
+    the pad id) and ``positions`` (the caller's)."""
+
+    real: Tensor
+    targets: Optional[Tensor] = None
+    foreign: Optional[Tensor] = None
+    positions: Optional[Tensor] = None
+
+
+def read_host(kwargs: dict, targets: Any = None, pad_id: Any = None) -> Optional[Host]:
+    """The :class:`Host` of a call whose 2-D mask pads some row, read in one copy with the token-level
+    ``targets`` (where given), the ids against ``pad_id`` (where given) and the caller's positions; None
+    for a call without padding (or compiled code)."""
+    mask, ids = kwargs.get("attention_mask"), kwargs.get("input_ids")
+    names, alongside = [], []
+    if isinstance(targets, Tensor) and isinstance(mask, Tensor) and targets.shape == mask.shape:
+        names.append("targets")
+        alongside.append(targets != IGNORE)
+    if pad_id is not None and isinstance(ids, Tensor) and ids.dim() == 2:
+        names.append("foreign")
+        alongside.append(ids != pad_id)
+    given = kwargs.get("position_ids")
+    if isinstance(given, Tensor) and given.dim() == 2 and isinstance(mask, Tensor) and mask.dim() == 2:
+        if given.shape[-1] == mask.shape[-1] and given.shape[0] in (1, mask.shape[0]):
+            names.append("positions")
+            alongside.append(given)
+    host = padded_on_host(kwargs, *alongside)
+    if host is None:
+        return None
+    read = {name: host[i + 1] if name == "positions" else host[i + 1] != 0 for i, name in enumerate(names)}
+    return Host(host[0] != 0, **read)
+
+
+def laid_out(kwargs: dict, host: Host) -> Optional[tuple[dict, Layout, Packed]]:
+    """The call's inputs as one packed row (its rows' real tokens, their positions), where they came from,
+    and the row's layout for its packed call (:class:`~hfpatch.packed.Packed`, each row a sequence: no
+    detection there), all from the host's read; None where a row's positions run on into the next (the
+    packed row could not tell them apart)."""
     mask, ids = kwargs["attention_mask"], kwargs["input_ids"]
     batch, length = ids.shape
-    real = mask != 0
-    index = real.reshape(-1).nonzero().squeeze(1)
-    rows = torch.div(index, length, rounding_mode="floor")
-    layout = Layout(index, rows, batch, length)
-    given = kwargs.get("position_ids")
-    if given is None:
+    index_host = host.real.reshape(-1).nonzero().squeeze(1)
+    rows_host = torch.div(index_host, length, rounding_mode="floor")
+    layout = Layout(index_host.to(ids.device, non_blocking=True), rows_host.to(ids.device), batch, length)
+    if host.positions is None:
         positions = layout.gather(positions_from_mask(mask))
     else:
-        positions = layout.gather(given.expand(batch, length))
-        first = torch.ones_like(rows, dtype=torch.bool)
-        first[1:] = rows[1:] != rows[:-1]
-        runs_on = positions[0, 1:] == positions[0, :-1] + 1
-        if bool((first[1:] & runs_on).any()):
+        gathered = host.positions.expand(batch, length).reshape(-1)[index_host]
+        runs_on = (rows_host[1:] != rows_host[:-1]) & (gathered[1:] == gathered[:-1] + 1)
+        if bool(runs_on.any()):
             return None
+        positions = layout.gather(kwargs["position_ids"].expand(batch, length))
     packed = {k: v for k, v in kwargs.items() if k not in ("attention_mask", "position_ids")}
     packed["input_ids"] = layout.gather(ids)
     packed["position_ids"] = positions
-    return packed, layout
+    return packed, layout, _packed_row(positions, layout.rows[None], rows_host[None])
+
+
+def _packed_row(positions: Tensor, rows: Tensor, rows_host: Tensor) -> Packed:
+    """The layout of an unpadded call's packed row: every token real, each row a sequence of its own."""
+    real = torch.ones(rows.shape, dtype=torch.bool, device=rows.device)
+    return Packed(real, positions, rows, (torch.ones(rows_host.shape, dtype=torch.bool), rows_host))
 
 
 def padded_back(result: Any, layout: Layout) -> Any:
@@ -172,21 +211,32 @@ def padded_back(result: Any, layout: Layout) -> Any:
     return result
 
 
-def unpadding(call: Callable[..., Any], model: Any, kwargs: dict, masks: Any, cache_kw: Optional[str]) -> Any:
+def unpadding(
+    call: Callable[..., Any], model: Any, kwargs: dict, masks: Any, cache_kw: Optional[str], host: Host
+) -> Any:
     """Run a base model's call on its real tokens (``call``: the patched forward, bound), or return
     :data:`PADDED` where it keeps the padded path (counted, with why)."""
-    why = _why_padded(model, kwargs, masks, cache_kw)
-    found = laid_out(kwargs) if why is None else None
+    why = _why_padded(model, kwargs, masks, cache_kw, host)
+    found = laid_out(kwargs, host) if why is None else None
     if found is None:
-        count_unpadded(why or "the caller's positions run on from one row into the next")
+        count_unpadded(why or RUNS_ON)
         return PADDED
-    packed, layout = found
+    return _run_packed(call, *found)
+
+
+RUNS_ON = "the caller's positions run on from one row into the next"
+
+
+def _run_packed(call: Callable[..., Any], packed: dict, layout: Layout, laid: Packed) -> Any:
+    """``call`` on the packed row, its layout handed on (``CALL.laid``: its packed call detects nothing),
+    the result padded back; counted as unpadded."""
     count_unpadded(None)
-    before, CALL.unpadding = CALL.unpadding, True
+    before = CALL.unpadding, CALL.laid
+    CALL.unpadding, CALL.laid = True, laid
     try:
         return padded_back(call(**packed), layout)
     finally:
-        CALL.unpadding = before
+        CALL.unpadding, CALL.laid = before
 
 
 PADDED = object()  # what :func:`unpadding` returns for a call that keeps the padded path
@@ -227,17 +277,19 @@ def gate(
             if len(args) > len(positional) or any(name in kwargs for name in positional[: len(args)]):
                 return original(self, *args, **kwargs)  # (its own TypeError)
             kwargs.update(zip(positional, args))
-        if not has_padding(kwargs):
-            return original(self, **kwargs)
-        mask = kwargs["attention_mask"]
+        mask = kwargs.get("attention_mask")
         labels = kwargs.get("labels")
-        targets = _shifted(labels, mask) if causal else labels
-        why = read_at_a_pad(kwargs, targets, causal, self.config if pools else None)
+        targets = _shifted(labels, mask) if causal and isinstance(mask, Tensor) else labels
+        pad_id = getattr(self.config, "pad_token_id", None) if pools else None
+        host = read_host(kwargs, targets, pad_id)
+        if host is None:
+            return original(self, **kwargs)
+        why = read_at_a_pad(kwargs, host, causal, pools, pad_id)
         allowed = why is None  # (its base model, unpadded)
         if not allowed:
             count_unpadded(why)
         elif causal and not _keeps(kwargs):
-            result = _head_unpadded(original, self, kwargs, targets, masks, cache_kw)
+            result = _head_unpadded(original, self, kwargs, targets, masks, cache_kw, host)
             if result is not PADDED:
                 return result
             allowed = False  # (why is counted: its base model would find the same)
@@ -260,29 +312,26 @@ def _keeps(kwargs: dict) -> Any:
     return None if kept is None or (isinstance(kept, int) and kept == 0) else kept
 
 
-def read_at_a_pad(kwargs: dict, targets: Any, causal: bool, pools: Any = None) -> Optional[str]:
+def read_at_a_pad(kwargs: dict, host: Host, causal: bool, pools: bool, pad_id: Any) -> Optional[str]:
     """Why a head's call would read an output at a pad (then its base model keeps the padded path), or
-    None: a token-level target at a pad (a causal LM's: the next column's label), a loss over every
-    position (question answering's ``start_positions``/``end_positions``), logits kept at a pad, a token
-    pooled by the pad id (``pools``: the head's config) where a pad's id is not it, a ``generate()`` prompt
+    None, from the host's read: a token-level target at a pad (a causal LM's: the next column's label), a
+    loss over every position (question answering's ``start_positions``/``end_positions``), logits kept at
+    a pad, a token pooled by the pad id (``pools``) where a pad's id is not it, a ``generate()`` prompt
     whose last column is a pad (the next token is read there)."""
-    mask = kwargs["attention_mask"]
-    if mask is CALL.generating and not bool(mask[:, -1].all()):
+    real = host.real
+    if kwargs.get("attention_mask") is CALL.generating and not bool(real[:, -1].all()):
         return "a right-padded generate() prompt (its next token is read at a pad)"
-    if _from_a_pad(targets, mask):
+    if host.targets is not None and bool((host.targets & ~real).any()):
         return "a label predicted from a pad" if causal else "a label at a pad"
     if any(kwargs.get(name) is not None for name in SPANS):
         return "a loss over every position"
     kept = _keeps(kwargs)
     if kept is not None:
-        columns = mask[:, -kept:] if isinstance(kept, int) else mask[:, kept]
+        columns = real[:, -kept:] if isinstance(kept, int) else real[:, kept.cpu()]
         if not bool(columns.all()):
             return "logits kept at a pad"
-    ids = kwargs.get("input_ids")
-    if pools is not None and isinstance(ids, Tensor):
-        pad = getattr(pools, "pad_token_id", None)
-        if pad is None or bool(((mask == 0) & (ids != pad)).any()):
-            return "a token pooled by the pad id, whose id a pad does not have"
+    if pools and (pad_id is None or (host.foreign is not None and bool((host.foreign & ~real).any()))):
+        return "a token pooled by the pad id, whose id a pad does not have"
     return None
 
 
@@ -293,36 +342,34 @@ def _shifted(labels: Any, mask: Tensor) -> Any:
     return torch.nn.functional.pad(labels[:, 1:], (0, 1), value=IGNORE)
 
 
-def _from_a_pad(targets: Any, mask: Tensor) -> bool:
-    """Whether a pad's output would count in the loss: a token-level target at a pad."""
-    if not isinstance(targets, Tensor) or targets.shape != mask.shape:
-        return False
-    return bool(((mask == 0) & (targets != IGNORE)).any())
-
-
 def _head_unpadded(
-    original: Callable, model: Any, kwargs: dict, targets: Any, masks: Any, cache_kw: Optional[str]
+    original: Callable,
+    model: Any,
+    kwargs: dict,
+    targets: Any,
+    masks: Any,
+    cache_kw: Optional[str],
+    host: Host,
 ) -> Any:
     """A causal LM head's call on its real tokens: the packed row, its labels laid so that the head's loss
     (which pairs each token with the next label) pairs each real token with its own target, and a
     sequence of one pad after it where the last real token has one; the result padded back."""
     base = getattr(model, model.base_model_prefix, model)
-    why = _why_padded(base, kwargs, masks, cache_kw)
-    found = laid_out(kwargs) if why is None else None
+    why = _why_padded(base, kwargs, masks, cache_kw, host)
+    found = laid_out(kwargs, host) if why is None else None
     if found is None:
-        count_unpadded(why or "the caller's positions run on from one row into the next")
+        count_unpadded(why or RUNS_ON)
         return PADDED
-    packed, layout = found
+    packed, layout, laid = found
     if isinstance(targets, Tensor):
         own = layout.gather(targets[..., None])[..., 0]  # [1, real tokens]
-        tail = bool(own[0, -1] != IGNORE)
+        last = host.real.reshape(-1).nonzero()[-1, 0]
+        tail = host.targets is not None and bool(host.targets.reshape(-1)[last])
         if tail:  # one more token, a sequence of its own, whose label is the last real token's target
             packed["input_ids"] = torch.nn.functional.pad(packed["input_ids"], (0, 1))
             packed["position_ids"] = torch.nn.functional.pad(packed["position_ids"], (0, 1))
+            ends = (laid.segment_ids, laid.host[1])  # (the device's and the host's)
+            rows, rows_host = (torch.nn.functional.pad(t, (0, 1), value=layout.batch) for t in ends)
+            laid = _packed_row(packed["position_ids"], rows, rows_host)
         packed["labels"] = torch.cat([own.new_full((1, 1), IGNORE), own if tail else own[:, :-1]], 1)
-    count_unpadded(None)
-    before, CALL.unpadding = CALL.unpadding, True
-    try:
-        return padded_back(original(model, **packed), layout)
-    finally:
-        CALL.unpadding = before
+    return _run_packed(functools.partial(original, model), packed, layout, laid)

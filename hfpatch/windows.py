@@ -167,15 +167,15 @@ def _flash_takes_lengths() -> bool:
 def apply_masks(
     model: Any, plan: MaskPlan, cache_kw: Optional[str], kwargs: dict, cache: Any,
     mask: torch.Tensor, num_new: int, start: Union[int, torch.Tensor],
-    packed: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+    packed: Any = None,
 ) -> Optional[str]:  # fmt: skip
     """Replace ``kwargs["attention_mask"]`` (the 2-D ``mask``, whose new tokens start at column ``start``
     (an int) or sit at the 1-D slots ``start``) with masks by position, where the model's config has
-    windowed layers this handles (keeping the cache whole), or where ``packed`` (positions and
-    :func:`hfpatch.positions.segments` of a packed row, over the mask's columns) says several sequences
-    share a row. Returns None, or why the masks stay transformers' for want of a way to build them here
-    (the attention, a layer type this does not know, a cache whose sliding layers it cannot keep whole, a
-    pad inside a packed sequence for flash attention)."""
+    windowed layers this handles (keeping the cache whole), or where ``packed`` (a packed row's
+    :class:`~hfpatch.packed.Packed`, over the mask's columns) says several sequences share a row.
+    Returns None, or why the masks stay transformers' for want of a way to build them here (the
+    attention, a layer type this does not know, a cache whose sliding layers it cannot keep whole, a pad
+    inside a packed sequence for flash attention)."""
     config = text_config(model)
     attention = getattr(config, "_attn_implementation", None)
     flex = attention == FLEX and packed is not None and plan.form == MASK_FUNCTIONS
@@ -202,14 +202,14 @@ def apply_masks(
     elif flash:
         if not plan.flash_lengths:
             return FLASH_NO_LENGTHS
-        return _by_lengths(kwargs, mask, packed[1])
-    positions, segment_ids = packed if packed is not None else (None, None)
+        return _by_lengths(kwargs, packed)
+    positions, segment_ids = (packed.positions, packed.segment_ids) if packed is not None else (None, None)
     eager_mode = not torch.compiler.is_compiling()
     by_layout = plan.by_layout and plan.form == MASK_FUNCTIONS and attention in ATTENTION and eager_mode
     if packed is not None and by_layout:  # the layout, once: each layer type's mask (hfpatch.attention)
         from .packed import sequences
 
-        laid = sequences(mask, positions, segment_ids)
+        laid = sequences(packed)
         made = {
             kind: carrier(ByLayout(laid, *(size or (None, None))), model.dtype)
             for kind, size in windows.items()
@@ -233,7 +233,7 @@ def apply_masks(
         )
         masks[kind] = _as_model_takes(allowed, plan, attention, model.dtype)
     if packed is not None and attention == "sdpa" and eager_mode:
-        _by_sequence(masks, windows, mask, positions, segment_ids)
+        _by_sequence(masks, windows, packed)
     kwargs["attention_mask"] = masks if plan.takes_mask_dict else masks[types[0]]
     return None
 
@@ -242,16 +242,18 @@ LAYER_TYPES = "its layer types take no mask by position"
 FLASH_NO_LENGTHS = "flash attention with a mask takes no sequence lengths here"
 
 
-def _by_lengths(kwargs: dict, mask: torch.Tensor, segment_ids: torch.Tensor) -> Optional[str]:
+def _by_lengths(kwargs: dict, packed: Any) -> Optional[str]:
     """A packed row for flash attention: no mask (it would unpad each row as one sequence), and the
     sequences by their lengths over the flattened rows instead, ``cu_seq_lens_q/k`` and ``max_length_q/k``
     (transformers' own packed path reads the positions, which some models do not hand their attention);
     each run of pads is a sequence of its own, never attended by a real token. Why not (left to stock)
     where a pad sits inside a sequence: the lengths cannot skip it."""
-    cu_seq_lens, pieces = sequence_lengths(segment_ids, mask)
+    real, segment_ids = packed.host if packed.host is not None else (packed.mask, packed.segment_ids)
+    cu_seq_lens, pieces = sequence_lengths(segment_ids, real)  # (from the host's read, where there is one)
     if pieces:
         return "flash attention with a pad inside a packed sequence (its lengths cannot skip a pad)"
     longest = int((cu_seq_lens[1:] - cu_seq_lens[:-1]).max())
+    cu_seq_lens = cu_seq_lens.to(packed.mask.device, non_blocking=True)
     kwargs["attention_mask"] = None
     kwargs.update(
         cu_seq_lens_q=cu_seq_lens, cu_seq_lens_k=cu_seq_lens, max_length_q=longest, max_length_k=longest
@@ -259,15 +261,13 @@ def _by_lengths(kwargs: dict, mask: torch.Tensor, segment_ids: torch.Tensor) -> 
     return None
 
 
-def _by_sequence(
-    masks: dict, windows: dict, mask: torch.Tensor, positions: torch.Tensor, segment_ids: torch.Tensor
-) -> None:
+def _by_sequence(masks: dict, windows: dict, packed: Any) -> None:
     """Let SDPA run each packed sequence on its own where the mask code takes no layout (the module's
     SDPA function, :mod:`hfpatch.attention`): the dense masks of the layer types whose window or chunk
     no sequence exceeds carry the sequences' layout."""
     from .packed import sequences
 
-    laid = sequences(mask, positions, segment_ids)
+    laid = sequences(packed)
     longest = laid.longest()
     for kind, size in windows.items():
         if all(limit is None or longest <= limit for limit in size or ()):
