@@ -429,13 +429,42 @@ def _block_mask(
     mask: torch.Tensor, positions: torch.Tensor, segment_ids: torch.Tensor,
     window: Optional[int], chunk: Optional[int],
 ) -> Any:  # fmt: skip
-    """Flex attention's ``BlockMask`` of a packed row with nothing cached: :func:`keys_seen`'s rule over
-    ``[batch, length]`` tensors, as transformers' own mask functions are (nothing ``length x length`` is
-    made)."""
-    from torch.nn.attention.flex_attention import create_block_mask
+    """Flex attention's ``BlockMask`` of a packed row with nothing cached, made from the row's layout:
+    which blocks of 128 queries meet which blocks of keys (a query block and an earlier key block meet
+    where they share a sequence; they are full where both lie in one sequence, all real, with no window
+    or chunk), and :func:`keys_seen`'s rule inside the blocks that meet. Nothing ``length x length`` is
+    made (``(length / 128) ** 2`` block entries); tensor ops only (compiled code too)."""
+    from torch.nn.attention.flex_attention import BlockMask
 
     seen = keys_seen(mask, window, chunk, positions=positions, segment_ids=segment_ids)
-    return create_block_mask(seen, mask.shape[0], None, mask.shape[1], mask.shape[1], device=mask.device)
+    batch, length = mask.shape
+    size = 128  # flex attention's default block
+    blocks = -(-length // size)
+    pad = blocks * size - length
+    padded = torch.nn.functional.pad(segment_ids.expand(batch, length), (0, pad), mode="replicate")
+    real = torch.nn.functional.pad((mask != 0).long(), (0, pad), value=0).view(batch, blocks, size)
+    first, last = padded[:, ::size], padded[:, size - 1 :: size]  # [batch, blocks]: their sequences
+    query = torch.arange(blocks, device=mask.device)[:, None]
+    meet = (query >= query.T) & (last[:, None, :] >= first[:, :, None])  # [batch, query block, key block]
+    whole = (first == last) & (real.sum(-1) == size)  # one sequence, all real
+    full = (
+        meet
+        & (query > query.T)
+        & whole[:, None, :]
+        & whole[:, :, None]
+        & (first[:, None, :] == first[:, :, None])
+    )
+    if window is not None or chunk is not None:
+        full = torch.zeros_like(full)
+    partial = meet & ~full
+
+    def indices(chosen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        order = torch.argsort((~chosen).to(torch.int8), dim=-1, stable=True)
+        return chosen.sum(-1).to(torch.int32)[:, None], order.to(torch.int32)[:, None]
+
+    return BlockMask.from_kv_blocks(
+        *indices(partial), *indices(full), BLOCK_SIZE=size, mask_mod=seen, seq_lengths=(length, length)
+    )
 
 
 def _new_cache(config: Any, decoder: bool = False) -> Any:
