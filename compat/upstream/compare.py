@@ -48,6 +48,7 @@ def records(path: str) -> dict[str, dict]:
 
 def main() -> None:
     res = sys.argv[1]
+    ids_only = "--ids" in sys.argv[2:]
     fams = sorted({f.split(".")[0] for f in os.listdir(res) if f.endswith(".xml")})
     table, diffs = [], []
     for fam in fams:
@@ -64,11 +65,22 @@ def main() -> None:
         for x, y in (("a", "b"), ("b", "c")):
             if not runs[x] or not runs[y]:
                 continue
+            broken = [r for r in (x, y) if any(k == "error" and "::" in t and t.startswith("::") for t, (k, _) in runs[r].items())]
+            if broken:  # a file that did not collect in one run: one line, not every absent id
+                diffs.append((fam, f"{x}->{y}", f"collection failed in run(s) {broken}", ("", ""), ("", ""), None))
+                continue
             for tid in sorted(set(runs[x]) | set(runs[y])):
                 ox, oy = runs[x].get(tid, ("absent", "")), runs[y].get(tid, ("absent", ""))
                 if ox[0] != oy[0]:
                     rc = rec.get(tid)
                     diffs.append((fam, f"{x}->{y}", tid, ox, oy, rc))
+    if ids_only:  # pytest node ids of the tests whose outcome differs (for rerun)
+        for fam, pair, tid, ox, oy, _ in diffs:
+            if "::" in tid:
+                cls, name = tid.split("::")
+                mod, klass = cls.rsplit(".", 1)
+                print(f"{mod.replace('.', '/')}.py::{klass}::{name}")
+        return
     print("| family | run | passed | failed | error | skipped | tests with unpadded calls (c) |")
     print("|---|---|---|---|---|---|---|")
     for fam, counts, unp in table:
@@ -81,7 +93,7 @@ def main() -> None:
     print()
     for fam, pair, tid, ox, oy, rc in diffs:
         extra = f" (c: {rc['unpadded_calls']} unpadded calls, padded: {rc['padded']})" if rc else ""
-        print(f"- [{fam} {pair}] {tid}: {ox[0]} -> {oy[0]}{extra}")
+        print(f"- [{fam} {pair}] {tid}" + (f": {ox[0]} -> {oy[0]}{extra}" if ox[0] else ""))
         for kind, msg in (ox, oy):
             if msg:
                 print(f"    {kind}: {msg[:400]!r}")

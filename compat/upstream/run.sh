@@ -5,7 +5,8 @@
 #   c: hfpatch.apply(unpad=True)  -p hfpatch.auto, HFPATCH_UNPAD=1
 # then compare.py writes the per-family counts and every test id whose outcome differs.
 #
-# Usage: compat/upstream/run.sh [setup|run|compare|all] [family ...]
+# Usage: compat/upstream/run.sh [setup|run|compare|rerun|all] [family ...]
+#   rerun: the test ids that differed, again in all three runs, REPEAT (3) times
 #   WORK=/tmp/up (venv, test tree, results)   TIMEOUT=300 (seconds a test)
 # Test files: model + generation tests from the zucchini-nlp/transformers mirror (5.16.0.dev0, the only
 # checkout of transformers' tests here), the top-level common files (test_modeling_common.py ...) from
@@ -31,7 +32,7 @@ setup() {
   fi
   # torch pinned on every line: the local CPU wheel, never a CUDA build
   "$VENV/bin/pip" install -q torch==2.13.0 "transformers==$TRANSFORMERS" pytest parameterized \
-    pytest-timeout pytest-xdist hypothesis httpx accelerate wrapt packaging
+    pytest-timeout pytest-xdist hypothesis httpx accelerate timeout-decorator wrapt packaging
   "$VENV/bin/pip" install -q --no-deps --force-reinstall "$REPO"   # hfpatch, not editable
   # 5.24.0's top-level test files
   if [ ! -d "$WORK/transformers-$TRANSFORMERS/tests" ]; then
@@ -75,6 +76,26 @@ run_one() {  # family mode
   echo "$fam $mode rc=$rc $((SECONDS - t0))s" | tee -a "$RES/times.txt"
 }
 
+rerun() {  # the tests whose outcome differed, again in runs b and c, REPEAT times: is the difference stable?
+  local ids rep mode
+  ids=$("$VENV/bin/python" "$HERE/compare.py" "$RES" --ids | sort -u)
+  [ -n "$ids" ] || { echo "nothing differs"; return 0; }
+  mkdir -p "$RES/rerun"
+  for rep in $(seq 1 "${REPEAT:-3}"); do
+    for mode in a b c; do
+      local plug=(-p no:hfpatch) env=()
+      [ "$mode" = a ] || plug=(-p hfpatch.auto)
+      [ "$mode" = c ] && env=(HFPATCH_UNPAD=1)
+      # shellcheck disable=SC2086
+      (cd "$TREE" && env OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false \
+         PYTHONPATH="$HERE/shims" "${env[@]}" timeout 3600 "$VENV/bin/python" -m pytest -p upstream_shims \
+         "${plug[@]}" -p no:cacheprovider --timeout="$TIMEOUT" -q -rfE \
+         --junitxml="$RES/rerun/$mode.$rep.xml" $ids) > "$RES/rerun/$mode.$rep.log" 2>&1 || true
+      echo "rerun $rep $mode: $(tail -1 "$RES/rerun/$mode.$rep.log")"
+    done
+  done
+}
+
 run() {
   mkdir -p "$RES"
   for fam in $FAMILIES; do
@@ -87,6 +108,7 @@ case $what in
   setup) setup ;;
   run) run ;;
   compare) "$VENV/bin/python" "$HERE/compare.py" "$RES" ;;
-  all) setup; run; "$VENV/bin/python" "$HERE/compare.py" "$RES" ;;
-  *) echo "usage: $0 [setup|run|compare|all] [family ...]" >&2; exit 2 ;;
+  rerun) rerun ;;
+  all) setup; run; "$VENV/bin/python" "$HERE/compare.py" "$RES" | tee "$RES/summary.md"; rerun ;;
+  *) echo "usage: $0 [setup|run|compare|rerun|all] [family ...]" >&2; exit 2 ;;
 esac
