@@ -65,9 +65,15 @@ def main() -> None:
         for x, y in (("a", "b"), ("b", "c")):
             if not runs[x] or not runs[y]:
                 continue
-            broken = [r for r in (x, y) if any(k == "error" and "::" in t and t.startswith("::") for t, (k, _) in runs[r].items())]
+            broken = [
+                r
+                for r in (x, y)
+                if any(k == "error" and "::" in t and t.startswith("::") for t, (k, _) in runs[r].items())
+            ]
             if broken:  # a file that did not collect in one run: one line, not every absent id
-                diffs.append((fam, f"{x}->{y}", f"collection failed in run(s) {broken}", ("", ""), ("", ""), None))
+                diffs.append(
+                    (fam, f"{x}->{y}", f"collection failed in run(s) {broken}", ("", ""), ("", ""), None)
+                )
                 continue
             for tid in sorted(set(runs[x]) | set(runs[y])):
                 ox, oy = runs[x].get(tid, ("absent", "")), runs[y].get(tid, ("absent", ""))
@@ -75,7 +81,7 @@ def main() -> None:
                     rc = rec.get(tid)
                     diffs.append((fam, f"{x}->{y}", tid, ox, oy, rc))
     if ids_only:  # pytest node ids of the tests whose outcome differs (for rerun)
-        for fam, pair, tid, ox, oy, _ in diffs:
+        for _fam, _pair, tid, _ox, _oy, _ in diffs:
             if "::" in tid:
                 cls, name = tid.split("::")
                 mod, klass = cls.rsplit(".", 1)
@@ -88,8 +94,10 @@ def main() -> None:
             c = counts[r]
             if not c:
                 continue
-            print(f"| {fam} | {r} | {c.get('passed', 0)} | {c.get('failed', 0)} | {c.get('error', 0)} | "
-                  f"{c.get('skipped', 0)} | {unp if r == 'c' else ''} |")
+            print(
+                f"| {fam} | {r} | {c.get('passed', 0)} | {c.get('failed', 0)} | {c.get('error', 0)} | "
+                f"{c.get('skipped', 0)} | {unp if r == 'c' else ''} |"
+            )
     print()
     for fam, pair, tid, ox, oy, rc in diffs:
         extra = f" (c: {rc['unpadded_calls']} unpadded calls, padded: {rc['padded']})" if rc else ""

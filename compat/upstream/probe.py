@@ -2,7 +2,8 @@
 process (hfpatch.apply(unpad=False), then apply(unpad=True)) and say, per output, where they differ:
 at real tokens, at pads only, in shape, or a raise.
 
-    cd $WORK/tree && HF_HUB_OFFLINE=1 PYTHONPATH=<shims> python <repo>/compat/upstream/probe.py FAMILY [CLASS ...]
+    cd $WORK/tree && HF_HUB_OFFLINE=1 PYTHONPATH=<shims> \
+        python <repo>/compat/upstream/probe.py FAMILY [CLASS ...]
 
 FAMILY: a test module's family (llama, gpt2, ...); CLASS: model class names (default: every class in the
 test's all_model_classes). Calls: each class's forward with the tester's common inputs (eval, no grad),
@@ -20,9 +21,8 @@ import hfpatch
 
 hfpatch.apply()
 
-import upstream_shims  # noqa: E402,F401  (the tester default 5.24.0 lacks)
-
 import torch  # noqa: E402
+import upstream_shims  # noqa: E402,F401  (the tester default 5.24.0 lacks)
 
 
 def tester_for(family: str, wanted: str = ""):
@@ -78,8 +78,11 @@ def compare(ref, got, mask):
         where = "?"
         if d.dim() >= 2 and tuple(d.shape[:2]) == tuple(mask.shape):
             real = mask.bool()
-            where = f"real max {float(d[real].max()) if real.any() else 0:.3g}, pads max {float(d[~real].max()):.3g}"
-        elif d.dim() >= 3 and d.shape[0] == mask.shape[0] and d.shape[-2] == mask.shape[1]:  # cache [b, h, t, d]
+            at_real = float(d[real].max()) if real.any() else 0
+            where = f"real max {at_real:.3g}, pads max {float(d[~real].max()):.3g}"
+        elif (
+            d.dim() >= 3 and d.shape[0] == mask.shape[0] and d.shape[-2] == mask.shape[1]
+        ):  # cache [b, h, t, d]
             real = mask.bool()[:, None, :, None].expand_as(d)
             where = f"(cache) real max {float(d[real].max()):.3g}, pads max {float(d[~real].max()):.3g}"
         else:
@@ -101,7 +104,11 @@ def run(model, kwargs, mask):
         after = hfpatch.status().unpadded
         if unpad:
             calls = after["calls"] - before["calls"]
-            why = {k: v - before["padded"].get(k, 0) for k, v in after["padded"].items() if v - before["padded"].get(k, 0)}
+            why = {
+                k: v - before["padded"].get(k, 0)
+                for k, v in after["padded"].items()
+                if v - before["padded"].get(k, 0)
+            }
     hfpatch.apply(unpad=False)
     if isinstance(out[False], Exception) or isinstance(out[True], Exception):
         return [("raise", f"unpad=False: {out[False]!r:.200} | unpad=True: {out[True]!r:.200}")], calls, why

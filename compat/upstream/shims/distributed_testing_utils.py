@@ -3,6 +3,7 @@ not in the mirror).  5.24.0's test_fsdp_mixin / test_tensor_parallel_mixin / tes
 import these names; every multi-process test that reaches one skips.  Copied to tests/ by run.sh.
 Identical in all three runs.
 """
+
 import unittest
 
 
@@ -33,4 +34,5 @@ def _start_rank_processes(*a, **k):
 def run_distributed(*a, **k):
     def deco(fn):
         return _skip
+
     return deco

@@ -2,6 +2,7 @@
 and why others stayed padded (deltas of hfpatch.status().unpadded), and the adapters' states at the
 start and end of the session.  Reads status only; changes nothing.  Output: $HFPATCH_RECORD (JSONL).
 """
+
 import json
 import os
 
@@ -27,9 +28,12 @@ def _states():
     import hfpatch
 
     st = hfpatch.status()
-    return {"applied_by": st.applied_by, "transformers": st.transformers,
-            "unpad_on": st.unpadded.get("on"),
-            "states": {k: str(getattr(v, "state", v)) for k, v in st.items()}}
+    return {
+        "applied_by": st.applied_by,
+        "transformers": st.transformers,
+        "unpad_on": st.unpadded.get("on"),
+        "states": {k: str(getattr(v, "state", v)) for k, v in st.items()},
+    }
 
 
 def pytest_sessionstart(session):

@@ -3,6 +3,7 @@
 Loaded as a pytest plugin (-p upstream_shims) before any test module imports.
 Identical in all three runs.
 """
+
 import transformers.testing_utils as _tu
 
 # causal_lm_tester.py / multimodal_tester.py (mirror) import this default table;

@@ -1,0 +1,170 @@
+"""A packed row at its sequences' own cost: its layout reaches the attention layers, never a
+``length x length`` tensor. Every tensor a packed (or unpadded) call makes is recorded (a dispatch mode
+sees each op's outputs): the largest is O(length) for SDPA and flex (their kernels tile the scores) and
+the sequences' own ``heads x longest ** 2`` scores for eager, far under one ``length x length`` mask; each
+sequence exact against itself alone. Compiled, a stream of packed rows of other lengths compiles a bounded
+number of graphs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from packaging.version import Version
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import hfpatch
+from hfpatch.verification.tiny import tiny_config
+
+from conftest import TF, arch_skip_reason
+from harness import TOLERANCE, VOCAB
+
+LENGTHS = (300, 41, 180, 257, 96, 1, 149, 256)  # 1,280 tokens in one row
+HEADS = 4  # the tiny models'
+
+
+class Largest(TorchDispatchMode):
+    """The most elements of memory any tensor an op makes inside the block holds (its storage: a view
+    of one element, as the placeholder mask is, holds one), and the op that made it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.most, self.op = 0, None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for value in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(value, torch.Tensor) and value.device.type != "meta":
+                held = value.untyped_storage().nbytes() // max(1, value.element_size())
+                if held > self.most:
+                    self.most, self.op = held, func
+        return out
+
+
+def model_of(arch: str, attention: str, **extra):
+    import transformers
+
+    if arch_skip_reason(arch):
+        pytest.skip(arch_skip_reason(arch))
+    if TF < Version("4.53"):
+        pytest.skip(
+            f"the layout reaches the attention where the mask code passes a mask through (4.53+; {TF})"
+        )
+    sizes = {"attention_dropout": 0.0, "max_position_embeddings": 1024, "n_positions": 1024, **extra}
+    config = tiny_config(arch, sizes)
+    config._attn_implementation = attention
+    torch.manual_seed(0)
+    try:
+        return transformers.AutoModelForCausalLM.from_config(config).eval()
+    except (ValueError, ImportError) as exc:
+        pytest.skip(f"{arch} with {attention} in transformers {TF}: {str(exc)[:80]}")
+
+
+def rows_of(lengths=LENGTHS) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(sum(lengths))
+    return [torch.randint(3, VOCAB, (n,), generator=generator).tolist() for n in lengths]
+
+
+def alone(model, row) -> torch.Tensor:
+    with torch.no_grad(), hfpatch.unpatched():
+        return model(input_ids=torch.tensor([row])).logits[0]
+
+
+CASES = [
+    ("llama", "sdpa", {}),
+    ("llama", "eager", {}),
+    ("gpt2", "sdpa", {}),
+    ("mistral", "sdpa", {"sliding_window": 64}),
+    ("mistral", "eager", {"sliding_window": 64}),
+]
+
+
+@pytest.mark.parametrize("layout", ["packed", "unpadded"])
+@pytest.mark.parametrize("arch, attention, extra", CASES, ids=lambda v: v if isinstance(v, str) else "")
+def test_no_tensor_is_length_by_length(arch, attention, extra, layout):
+    model = model_of(arch, attention, **extra)
+    rows = rows_of()
+    total = sum(LENGTHS)
+    with torch.no_grad():
+        if layout == "packed":
+            kwargs = {
+                "input_ids": torch.tensor([sum(rows, [])]),
+                "position_ids": torch.cat([torch.arange(n) for n in LENGTHS])[None],
+            }
+        else:  # right-padded rows, unpadded: one packed row of their real tokens
+            width = max(LENGTHS)
+            kwargs = {
+                "input_ids": torch.tensor([row + [0] * (width - len(row)) for row in rows]),
+                "attention_mask": torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in rows]),
+            }
+            hfpatch.apply(unpad=True)
+        try:
+            with Largest() as seen:
+                logits = model(**kwargs, use_cache=False).logits
+        finally:
+            hfpatch.apply(unpad=False)
+    if layout == "packed":
+        got = list(logits[0].split(list(LENGTHS)))
+    else:
+        got = [logits[r, : len(row)] for r, row in enumerate(rows)]
+    for row, out in zip(rows, got):
+        assert (out - alone(model, row)).abs().max() <= TOLERANCE
+    # the sequences' own: eager scores a group of sequences of similar length together (at most 4 x their
+    # own scores: lengths within a factor of 2), a window's mask alike; SDPA and flex tile them
+    squares = 4 * sum(n * n for n in LENGTHS)
+    own = HEADS * squares if attention == "eager" else squares if extra.get("sliding_window") else 0
+    linear = total * max(model.config.vocab_size, getattr(model.config, "intermediate_size", 0) or 256)
+    if layout == "unpadded":
+        linear = max(linear, len(rows) * max(LENGTHS) * model.config.vocab_size)  # (its padded output)
+    assert seen.most <= max(own, linear), (seen.most, seen.op, own, linear)
+    assert seen.most < total * total  # (a mask of the row would be this much)
+
+
+@pytest.mark.compile
+def test_a_stream_of_packed_rows_compiles_two_graphs():
+    """torch.compile over packed rows of five other lengths: the first compiles a graph for its shape, the
+    second one with a dynamic length, and no other compiles (dense masks there: compiled code reads no
+    layout)."""
+    from torch._dynamo.testing import CompileCounter
+
+    model = model_of("llama", "sdpa")
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    compiled = torch.compile(model, fullgraph=True, backend=counter)
+    try:
+        for lengths in ((5, 3, 9), (7, 7), (2, 11, 4, 6), (12, 1), (3, 3, 3, 3, 3)):
+            rows = rows_of(lengths)
+            kwargs = {
+                "input_ids": torch.tensor([sum(rows, [])]),
+                "position_ids": torch.cat([torch.arange(n) for n in lengths])[None],
+            }
+            with torch.no_grad():
+                logits = compiled(**kwargs).logits[0].split(list(lengths))
+            for row, out in zip(rows, logits):
+                assert (out - alone(model, row)).abs().max() <= TOLERANCE
+    finally:
+        torch._dynamo.reset()
+    assert counter.frame_count <= 2, counter.frame_count
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("window", [None, 64])
+def test_flex_attention_gets_its_block_mask_from_the_layout(window):
+    """Flex attention (its kernel is a higher-order op a dispatch mode cannot see into): the packed row's
+    ``BlockMask`` is built from the layout, its largest tensor the blocks' (``(length / 128) ** 2``); the
+    sequences exact."""
+    from hfpatch.windows import _block_mask
+
+    model = model_of(
+        "mistral" if window else "llama", "flex_attention", **({"sliding_window": window} if window else {})
+    )
+    rows = rows_of()
+    positions = torch.cat([torch.arange(n) for n in LENGTHS])[None]
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([sum(rows, [])]), position_ids=positions).logits[0]
+    for row, out in zip(rows, logits.split(list(LENGTHS))):
+        assert (out - alone(model, row)).abs().max() <= TOLERANCE
+    total = sum(LENGTHS)
+    segment_ids = torch.repeat_interleave(torch.arange(len(LENGTHS)), torch.tensor(LENGTHS))[None]
+    with Largest() as seen:
+        _block_mask(torch.ones(1, total, dtype=torch.bool), positions, segment_ids, window, None)
+    assert seen.most <= 4 * total, (seen.most, seen.op)
