@@ -49,7 +49,7 @@ from .patches import Patch
 from .plans import NO_SLOTS, SLOTS, SLOTS_REMOVED, Plan
 from .positions import cache_positions, call_inputs, has_holes, new_token_positions
 from .unpad import PADDED, read_host, unpadding
-from .windows import MASK_FUNCTIONS, NO_4D_MASK, MaskPlan, apply_masks, configured_window, packed_not_kept
+from .windows import NO_4D_MASK, MaskPlan, apply_masks, configured_window, kept_on, packed_not_kept
 
 __all__ = [
     "LeaveToStock",
@@ -221,14 +221,8 @@ def packed_support(adapter: Adapter, plan: Plan) -> str:
     masks = plan.masks
     if masks is None or not masks.packed:
         return f"no: {NO_4D_MASK}"
-    taken = [
-        "eager",
-        "SDPA",
-        "flex" if masks.form == MASK_FUNCTIONS else "",
-        "flash" if masks.flash_lengths else "",
-    ]
     alibi = "; not with alibi=True" if masks.alibi and family.hands_to is None else ""  # (Falcon's)
-    return f"yes ({', '.join(name for name in taken if name)}{alibi})"
+    return f"yes ({', '.join(kept_on(masks))}{alibi})"
 
 
 SEQ2SEQ = (

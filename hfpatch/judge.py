@@ -22,7 +22,7 @@ from .positions import new_token_positions, packed_stock_error, stock_error
 from .rope import DYNAMIC, scaled_rope
 from .sources import hands_positions_to_mask_functions, source_of
 from .support import in_range, installed_transformers
-from .windows import CHUNKED, layer_types, positional, text_config, window_of
+from .windows import CHUNKED, backend_of, layer_types, positional, text_config, window_of
 
 __all__ = [
     "OWN_POSITIONS",
@@ -168,8 +168,8 @@ def _detects_packing(model: Any, adapter: Any) -> bool:
     """Whether the release's own mask code keeps a packed row to its sequences when the call has neither
     a mask nor a cache (masking_utils, 4.53+, for a class that hands its positions to it), or its flash
     attention does (without a mask: by the positions)."""
-    attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
-    if isinstance(attention, str) and attention.startswith("flash"):
+    used = backend_of(getattr(getattr(model, "config", None), "_attn_implementation", None))
+    if used is not None and used.own_packing:
         return True
     masking = sys.modules.get("transformers.masking_utils")
     if getattr(masking, "find_packed_sequence_indices", None) is None:

@@ -52,6 +52,11 @@ __all__ = [
     "configured_window",
     "layer_types",
     "mask_plan",
+    "BACKENDS",
+    "Backend",
+    "backend",
+    "backend_of",
+    "kept_on",
     "packed_not_kept",
     "positional",
     "smallest_window",
@@ -65,11 +70,65 @@ SLIDING, CHUNKED, FULL = "sliding_attention", "chunked_attention", "full_attenti
 # a full-attention layer otherwise
 INDEXED = ("indexed_attention", "deepseek_sparse_attention")
 KNOWN_TYPES = (FULL, SLIDING, CHUNKED, *INDEXED)  # the layer types whose masks hfpatch builds
-ATTENTION = ("eager", "sdpa")  # the attentions that read hfpatch's masks (flex: a packed row's BlockMask)
-FLEX = "flex_attention"  # a packed row's BlockMask, where the mask functions take one (4.53+)
-# flash attention (2, 3, kernels): it unpads by the 2-D mask and applies its own window over the unpadded
-# keys, so by position: hfpatch keeps its cache whole, and hands a packed row's sequences by their lengths
-FLASH = "flash"
+
+# --- the attention backends: what each takes, what it keeps (one table; a new backend is a row) -----------
+
+DENSE, BLOCK_MASK, LENGTHS = "a 4-D mask", "a BlockMask", "sequence lengths"  # what a backend takes
+BY_MASK, OWN, BY_COLUMN = "by hfpatch's masks", "its own, over a sequence's keys", "transformers'"  # windows
+
+
+class Backend(NamedTuple):
+    """An attention backend as hfpatch renders a call's masks for it: ``label`` (``status()``'s word),
+    what a mask by position reaches it as (``takes``: a dense 4-D mask, which a packed row's layout rides
+    on where the module's attention functions run by sequence, :mod:`hfpatch.attention`; a ``BlockMask``;
+    the sequences' lengths), how its sliding windows are decided where hfpatch keeps the cache whole
+    (``windows``), and whether transformers' own code keeps a packed row given no mask (by the
+    positions: ``own_packing``)."""
+
+    label: str
+    takes: str
+    windows: str
+    own_packing: bool = False
+
+    def keeps(self, plan: MaskPlan) -> bool:
+        """Whether a class of this plan takes a packed row's masks on this backend: any 4-D mask form; a
+        ``BlockMask`` where masking_utils' functions take one (4.53+); lengths where the release's flash
+        attention takes them and the forward hands its ``**kwargs`` on (4.47+)."""
+        if self.takes == BLOCK_MASK:
+            return plan.form == MASK_FUNCTIONS
+        if self.takes == LENGTHS:
+            return plan.flash_lengths
+        return True
+
+
+BACKENDS = {  # by the name of ``config._attn_implementation``
+    "eager": Backend("eager", DENSE, BY_MASK),
+    "sdpa": Backend("SDPA", DENSE, BY_MASK),
+    "flex_attention": Backend("flex", BLOCK_MASK, BY_COLUMN),
+    # flash attention (2, 3, 4, hub kernels): it unpads by the 2-D mask and applies its own window over the
+    # unpadded keys (by position, every key kept); a packed row reaches it by the sequences' lengths
+    "flash": Backend("flash", LENGTHS, OWN, own_packing=True),
+}
+
+
+def backend_of(attention: Any) -> Optional[Backend]:
+    """The :class:`Backend` of an attention implementation's name (``paged|`` aside; any flash kernel,
+    ``flash_attention_2`` or a hub kernel's ``kernels-community/flash-attn3``, is flash), or None for one
+    hfpatch renders no mask for."""
+    if not isinstance(attention, str):
+        return None
+    name = attention.removeprefix("paged|")
+    found = BACKENDS.get(name)
+    if found is None and "flash" in name:
+        return BACKENDS["flash"]
+    return found
+
+
+def backend(model: Any) -> tuple[Any, Optional[Backend]]:
+    """A model's attention implementation (its text config's) and its :class:`Backend`."""
+    attention = getattr(text_config(model), "_attn_implementation", None)
+    return attention, backend_of(attention)
+
 
 # how a class's mask code reads a 4-D mask it is given
 MASK_FUNCTIONS = "mask functions"  # masking_utils (4.53+): as given; bool for SDPA, float for eager
@@ -177,11 +236,11 @@ def apply_masks(
     attention, a layer type this does not know, a cache whose sliding layers it cannot keep whole, a pad
     inside a packed sequence for flash attention)."""
     config = text_config(model)
-    attention = getattr(config, "_attn_implementation", None)
-    flex = attention == FLEX and packed is not None and plan.form == MASK_FUNCTIONS
-    flash = isinstance(attention, str) and attention.startswith(FLASH)
-    if attention not in ATTENTION and not flex and not flash:
-        return f"with {attention} attention (hfpatch's masks reach eager, SDPA, flex and flash attention)"
+    attention, used = backend(model)
+    flex = used is not None and used.takes == BLOCK_MASK and packed is not None and used.keeps(plan)
+    flash = used is not None and used.takes == LENGTHS
+    if used is None or (used.takes == BLOCK_MASK and not flex):
+        return f"with {attention} attention (hfpatch's masks reach {_labels(plan)} attention)"
     types = layer_types(config, plan) if plan.windowed else [FULL]
     windows = {kind: window_of(config, kind) for kind in dict.fromkeys(types)}
     if plan.decoder_cache:  # T5Gemma 2 merges each kind with the cross mask, whichever its layers use
@@ -205,7 +264,7 @@ def apply_masks(
         return _by_lengths(kwargs, packed)
     positions, segment_ids = (packed.positions, packed.segment_ids) if packed is not None else (None, None)
     eager_mode = not torch.compiler.is_compiling()
-    by_layout = plan.by_layout and plan.form == MASK_FUNCTIONS and attention in ATTENTION and eager_mode
+    by_layout = plan.by_layout and plan.form == MASK_FUNCTIONS and used.takes == DENSE and eager_mode
     if packed is not None and by_layout:  # the layout, once: each layer type's mask (hfpatch.attention)
         from .packed import sequences
 
@@ -232,8 +291,8 @@ def apply_masks(
             padded, slots, keys, *(size or (None, None)), positions=positions, segment_ids=segment_ids
         )
         masks[kind] = _as_model_takes(allowed, plan, attention, model.dtype)
-    if packed is not None and attention == "sdpa" and eager_mode:
-        _by_sequence(masks, windows, packed)
+    if packed is not None and used.takes == DENSE and attention == "sdpa" and eager_mode:
+        _by_sequence(masks, windows, packed)  # (the module's SDPA runs it by sequence where it carries it)
     kwargs["attention_mask"] = masks if plan.takes_mask_dict else masks[types[0]]
     return None
 
@@ -306,23 +365,29 @@ def packed_not_kept(model: Any, plan: Optional[MaskPlan], masked: bool) -> Optio
     if plan is None or not plan.packed:
         return NO_4D_MASK
     config = text_config(model)
-    attention = getattr(config, "_attn_implementation", None)
-    flash = isinstance(attention, str) and attention.startswith(FLASH)
-    if flash and not plan.flash_lengths:  # transformers' own, by the positions, where there is no mask
-        return FLASH_NO_LENGTHS if masked else ""
+    attention, used = backend(model)
+    if used is not None and used.own_packing and not used.keeps(plan):
+        return FLASH_NO_LENGTHS if masked else ""  # transformers' own, by the positions, given no mask
     if plan.alibi and getattr(config, "alibi", False) is True:  # Falcon's: from the 2-D mask it is given
         return "its ALiBi (alibi=True) is built from the 2-D mask, which a mask by sequence replaces"
     kinds = set(layer_types(config, plan)) if plan.windowed else {FULL}
     if not kinds <= set(KNOWN_TYPES):
         return LAYER_TYPES
-    if flash:
-        return None
-    if attention not in ATTENTION and not (attention == FLEX and plan.form == MASK_FUNCTIONS):
-        taken = "eager, SDPA" + (", flex" if plan.form == MASK_FUNCTIONS else "") + " or flash"
-        return f"with {attention} attention (a mask by sequence reaches {taken} attention)"
-    if len(kinds) > 1 and not plan.takes_mask_dict:
+    if used is None or not used.keeps(plan):
+        return f"with {attention} attention (a mask by sequence reaches {_labels(plan)} attention)"
+    if used.takes != LENGTHS and len(kinds) > 1 and not plan.takes_mask_dict:
         return LAYER_TYPES
     return None
+
+
+def kept_on(plan: MaskPlan) -> list[str]:
+    """The labels of the backends a class of this plan keeps a packed row on (``status()``'s answer)."""
+    return [used.label for used in BACKENDS.values() if used.keeps(plan)]
+
+
+def _labels(plan: MaskPlan) -> str:
+    labels = kept_on(plan)
+    return ", ".join(labels[:-1]) + f" or {labels[-1]}" if len(labels) > 1 else "".join(labels)
 
 
 def positional(model: Any, cls: str) -> bool:
@@ -334,10 +399,10 @@ def positional(model: Any, cls: str) -> bool:
     if plan is None or not plan.windowed:
         return False
     kinds = set(layer_types(config, plan))
-    attention = getattr(config, "_attn_implementation", None)
-    if isinstance(attention, str) and attention.startswith(FLASH):  # its own window, over the whole cache
-        return kinds <= set(KNOWN_TYPES)
-    return attention in ATTENTION and kinds <= set(KNOWN_TYPES) and (len(kinds) == 1 or plan.takes_mask_dict)
+    _, used = backend(model)
+    if used is None or used.windows == BY_COLUMN or not kinds <= set(KNOWN_TYPES):
+        return False
+    return used.windows == OWN or len(kinds) == 1 or plan.takes_mask_dict  # (its own: over every key kept)
 
 
 def smallest_window(model: Any, cls: Optional[str] = None) -> Optional[int]:
