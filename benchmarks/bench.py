@@ -20,11 +20,12 @@ import hfpatch
 import decode
 import imports
 import packed
+import scale
 import scoring
 import watchers
 from harness import ROOT, Sections
 
-QUESTIONS = (decode, scoring, packed, watchers, imports)  # each file: one question, its SECTIONS
+QUESTIONS = (decode, scoring, packed, scale, watchers, imports)  # each file: one question, its SECTIONS
 ORDER = (  # the sections of RESULTS.md, in the order they stand there
     "## Eager forward on a padded batch: derived positions vs positions passed by hand",
     "## hfpatch's own Python work on an eager decode step, by profile",
@@ -36,7 +37,7 @@ ORDER = (  # the sections of RESULTS.md, in the order they stand there
     "## Decode step with positions passed (as `generate()` makes it), a window, no holes",
     "## Packed training step: each sequence kept to itself vs stock's leak, and vs a padded batch",
     "## A padded batch at the cost of its real tokens: `apply(unpad=True)`",
-    "## The mask by sequence of a packed row: memory",
+    "## A packed row at length: time and memory against the sequences' own run",
     "## Decode step with positions passed, no window: the look for packed rows",
     "## Compiled decode step: hfpatch (mask only) vs stock with explicit inputs",
     "## Watching calls: `hfpatch audit` and `hfpatch.shadow`",

@@ -1,11 +1,11 @@
 """What packed rows and padded batches cost with hfpatch: a packed training step (each sequence kept to
-itself vs stock's leak, and vs a padded batch), a padded batch unpadded (``apply(unpad=True)``), and the
-memory of the mask by sequence of a packed row."""
+itself vs stock's leak, and vs a padded batch) and a padded batch unpadded (``apply(unpad=True)``); at
+length: scale.py."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -159,42 +159,6 @@ def _unpadded_rows(model: Any, lengths: list[int], repeats: int, control: bool) 
     return out
 
 
-def packed_mask_memory(length: int) -> list[str]:
-    """The bytes of the mask by sequence hfpatch hands a packed row of ``length`` tokens, next to the mask
-    transformers builds itself for the same row where it detects the packing (no mask, no cache), per
-    attention."""
-    from hfpatch.positions import segments
-    from hfpatch.windows import MASK_FUNCTIONS, MaskPlan, apply_masks
-
-    out = []
-    positions = torch.cat([torch.arange(n) for n in (length // 4,) * 4])[None]
-    for attention in ("sdpa", "eager"):
-        model = tiny_model("llama", attention=attention)
-        kwargs: dict = {}
-        mask = torch.ones(1, length, dtype=torch.bool)
-        plan = MaskPlan(MASK_FUNCTIONS, False, False)
-        apply_masks(
-            model.model, plan, "cache", kwargs, None, mask, length, 0, (positions, segments(positions))
-        )
-        ours = kwargs["attention_mask"]
-        theirs = _transformers_packed_mask(model, positions)
-        size = lambda t: "-" if t is None else f"{t.numel() * t.element_size() / 2**20:.0f} MiB ({t.dtype})"  # noqa: E731
-        out.append(f"| {attention} | {length} | {size(ours)} | {size(theirs)} |")
-    return out
-
-
-def _transformers_packed_mask(model: Any, positions: torch.Tensor) -> Optional[torch.Tensor]:
-    """The mask transformers' own ``create_causal_mask`` builds for a packed row (no mask, no cache)."""
-    try:
-        from transformers.masking_utils import create_causal_mask
-    except ImportError:
-        return None
-    embeds = torch.zeros(1, positions.shape[1], model.config.hidden_size)
-    with hfpatch.unpatched():
-        mask = create_causal_mask(model.config, embeds, None, None, position_ids=positions)
-    return mask if isinstance(mask, torch.Tensor) else None
-
-
 SECTIONS: Sections = {
     "## Packed training step: each sequence kept to itself vs stock's leak, and vs a padded batch": (
         [
@@ -225,17 +189,5 @@ SECTIONS: Sections = {
             "|---|---|---|---|---|---|---|",
         ],
         lambda: unpadded_batches(),
-    ),
-    "## The mask by sequence of a packed row: memory": (
-        [
-            "The mask hfpatch hands a row of 8,192 tokens packing four sequences (Llama, no cache), next",
-            "to the one transformers builds itself for the same row where it detects the packing (no mask",
-            "and no cache: `use_cache=False`). Flex attention gets a `BlockMask` from per-token tensors",
-            "instead (nothing 8,192 x 8,192).",
-            "",
-            "| attention | packed tokens | hfpatch's mask | transformers' own packed mask |",
-            "|---|---|---|---|",
-        ],
-        lambda: packed_mask_memory(8192),
     ),
 }

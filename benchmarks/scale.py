@@ -1,0 +1,179 @@
+"""What a packed row and an unpadded call cost at length: time and peak memory of one call against the
+sequences' own run, from 1k to 128k tokens. Every measurement runs in a process of its own (peak memory is
+the process's growth over the call, ``ru_maxrss``), one torch thread, best of 2; the variants of one row
+run back to back, A B A B, so that drift hits both.
+
+    python benchmarks/scale.py --one packed llama sdpa 8 4096   # one measurement: its JSON line
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+# (tokens, attention, sequences x length): equal sequences, packed into one row (or their own batch);
+# eager scores each group of sequences whole (heads x length ** 2): to 16k tokens of 2k; SDPA to 128k
+ROWS = [
+    (1024, "sdpa", (8, 128)),
+    (4096, "sdpa", (8, 512)),
+    (16384, "sdpa", (8, 2048)),
+    (32768, "sdpa", (8, 4096)),
+    (131072, "sdpa", (8, 16384)),
+    (1024, "eager", (8, 128)),
+    (4096, "eager", (8, 512)),
+    (16384, "eager", (8, 2048)),
+]
+STOCK_UP_TO = 32768  # stock's packed row builds a length x length mask itself: beyond, GiBs to leak
+
+
+def measure(what: str, arch: str, attention: str, sequences: int, length: int, train: bool = False) -> dict:
+    """One call (``what``: ``packed`` hfpatch, ``stock`` packed, ``own``: the sequences' own batch, no mask;
+    ``unpad``: ``sequences`` rows of ``sequences x length`` slots, one full and the others ``length`` long,
+    under ``apply(unpad=True)``; ``alone``: those sequences each run alone); its seconds and MiB."""
+    import torch
+
+    torch.set_num_threads(1)
+    import hfpatch
+
+    if what not in ("stock", "own", "alone"):
+        hfpatch.apply(unpad=what == "unpad")
+    sys.path.insert(0, str(HERE))
+    from hfpatch.verification.tiny import tiny_model
+
+    from harness import SMALL
+
+    sizes = {**SMALL, "max_position_embeddings": 1 << 18, "n_positions": 1 << 18}
+    model = tiny_model(arch, sizes=sizes, attention=attention)
+    model.train(train)
+    generator = torch.Generator().manual_seed(0)
+    tokens = sequences * length
+    if what in ("packed", "stock"):
+        calls = [{
+            "input_ids": torch.randint(1, 1000, (1, tokens), generator=generator),
+            "position_ids": torch.arange(length).repeat(sequences)[None],
+        }]  # fmt: skip
+    elif what == "own":
+        calls = [{"input_ids": torch.randint(1, 1000, (sequences, length), generator=generator)}]
+    elif what == "unpad":
+        ids = torch.randint(1, 1000, (sequences, tokens), generator=generator)
+        mask = torch.zeros_like(ids)
+        mask[0], mask[1:, :length] = 1, 1
+        calls = [{"input_ids": ids, "attention_mask": mask}]
+    else:  # alone: the unpad rows' sequences, each its own call
+        calls = [{"input_ids": torch.randint(1, 1000, (1, tokens), generator=generator)}]
+        calls += [{"input_ids": torch.randint(1, 1000, (1, length), generator=generator)}] * (sequences - 1)
+    for call in calls:
+        call["use_cache"] = False
+        if train:
+            call["labels"] = call["input_ids"]
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    best = float("inf")
+    for _ in range(2):
+        model.zero_grad(set_to_none=True)
+        start = time.perf_counter()
+        with torch.set_grad_enabled(train):
+            for call in calls:
+                out = model(**call)
+                if train:
+                    out.loss.backward()
+        best = min(best, time.perf_counter() - start)
+        del out
+    grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    return {"seconds": best, "mib": grown}
+
+
+def _run(*args: Any) -> dict:
+    """:func:`measure` in a process of its own."""
+    command = [sys.executable, str(Path(__file__)), "--one", *map(str, args)]
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode or not lines:
+        return {"seconds": float("nan"), "mib": float("nan"), "error": (done.stderr or "")[-200:]}
+    return json.loads(lines[-1])
+
+
+def _pair(first: tuple, second: tuple) -> tuple[dict, dict]:
+    """Two measurements, A B A B: the better of each."""
+    runs = [(_run(*first), _run(*second)) for _ in range(2)]
+    best = [min((r[i] for r in runs), key=lambda m: m["seconds"]) for i in (0, 1)]
+    return best[0], best[1]
+
+
+def _row(label: str, tokens: int, attention: str, ours: dict, own: dict) -> str:
+    ratio = ours["seconds"] / own["seconds"]
+    memory = ours["mib"] / max(own["mib"], 1.0)
+    return (
+        f"| {label} | {tokens:,} | {attention} | {ours['seconds']:.2f} | {own['seconds']:.2f} | "
+        f"**{ratio:.2f}x** | {ours['mib']:,.0f} / {own['mib']:,.0f} | {memory:.2f} |"
+    )
+
+
+def at_length(arch: str = "llama") -> list[str]:
+    out = []
+    for tokens, attention, (sequences, length) in ROWS:
+        shape = (arch, attention, sequences, length)
+        ours, own = _pair(("packed", *shape), ("own", *shape))
+        out.append(_row(f"packed row, {sequences} x {length:,}", tokens, attention, ours, own))
+        if tokens <= STOCK_UP_TO and attention == "sdpa":
+            stock = _run("stock", *shape)
+            out.append(
+                _row(f"stock's packed row (leaks), {sequences} x {length:,}", tokens, attention, stock, own)
+            )
+        if attention == "sdpa" and tokens <= STOCK_UP_TO:
+            ours, alone = _pair(("unpad", *shape), ("alone", *shape))
+            label = f"`unpad=True`, {sequences} rows of {tokens:,} slots (one full, the others {length:,})"
+            out.append(_row(label, tokens, attention, ours, alone))
+    control = _pair(("own", arch, "sdpa", 8, 512), ("own", arch, "sdpa", 8, 512))
+    out.append(_row("A/A: own vs own, 8 x 512", 4096, "sdpa", *control))
+    for sequences, length in ((8, 512), (8, 2048)):
+        shape = (arch, "sdpa", sequences, length, 1)
+        ours, own = _pair(("packed", *shape), ("own", *shape))
+        out.append(
+            _row(f"training step, packed {sequences} x {length:,}", sequences * length, "sdpa", ours, own)
+        )
+    return out
+
+
+SECTIONS = {
+    "## A packed row at length: time and memory against the sequences' own run": (
+        [
+            "Llama, 4 layers, hidden 256, vocab 1000, no cache, one thread; each measurement a process of its",
+            "own (peak memory: its growth over the call, which the logits of every token dominate), best of 2,",
+            "A B A B. The sequences' own run is the same equal-length sequences as a plain batch with no mask",
+            "(for `unpad=True`: each of its sequences alone). A packed row hands its attention layers its layout,",
+            "not a length x length mask: eager and SDPA run each group of sequences of similar length on its own",
+            "(`hfpatch/attention.py`). Stock's packed row is wrong (its sequences see each other) and builds the",
+            "length x length mask itself; not run past 32k.",
+            "",
+            "| call | tokens | attention | hfpatch or stock (s) | own (s) | time ratio | peak MiB (call / own) | memory ratio |",
+            "|---|---|---|---|---|---|---|---|",
+        ],
+        at_length,
+    ),
+}
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--one"]:
+        what, arch, attention, sequences, length, *train = sys.argv[2:]
+        print(
+            json.dumps(
+                measure(
+                    what,
+                    arch,
+                    attention,
+                    int(sequences),
+                    int(length),
+                    bool(int(train[0])) if train else False,
+                )
+            )
+        )
+    else:
+        print("\n".join(SECTIONS[next(iter(SECTIONS))][0] + at_length()))
