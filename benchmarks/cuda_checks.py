@@ -5,6 +5,7 @@
     python benchmarks/cuda_checks.py attention  # only 4.
     python benchmarks/cuda_checks.py unpad      # only 5.
     python benchmarks/cuda_checks.py precision  # only 6.
+    python benchmarks/cuda_checks.py length     # only 7.
 
 1. CUDA graphs: greedy decoding with a StaticCache and implicit positions (hfpatch derives them from
    the mask) under ``torch.compile(mode="reduce-overhead")`` gives the same tokens as eager.
@@ -35,6 +36,11 @@
    ``apply(unpad=True)`` on a right-padded batch, each sequence against itself alone in the same regime,
    at the regime's tolerance (hfpatch/tolerances.py), and a training step under autocast that runs
    (tests/test_precision.py runs the same on the CPU).
+7. A packed row at length on the GPU (benchmarks/scale.py's rows): Llama (4 layers x 256), bf16, SDPA, rows
+   of 8 x 512 to 8 x 16,384 tokens packed, against the sequences' own batch (no mask) and against torch's
+   ``varlen_attn`` over the same layout (the attention alone, where torch has it: CUDA, bf16/fp16): time
+   (CUDA events, median of 5) and peak memory (``max_memory_allocated``), and each sequence's logits
+   against its own batch row at bf16's tolerance.
 """
 
 from __future__ import annotations
@@ -444,9 +450,67 @@ def _in_regime(model, label: str, autocast, device: str) -> bool:
     return ok
 
 
+def at_length() -> bool:
+    """Check 7: packed rows at length against the sequences' own batch, and torch's varlen attention."""
+    from harness import SMALL
+
+    sizes = {**SMALL, "max_position_embeddings": 1 << 15}
+    model = tiny_model("llama", sizes=sizes, attention="sdpa").to("cuda", torch.bfloat16)
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        varlen_attn = None
+    return all([_at_length(model, length, varlen_attn) for length in (512, 2048, 4096, 16384)])
+
+
+def _timed(call) -> tuple[float, float, object]:
+    """Median of 5 CUDA-event timings (ms), the peak memory over the calls (MiB), the last output."""
+    import statistics
+
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    out, times = None, []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = call()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times), (torch.cuda.max_memory_allocated() - base) / 2**20, out
+
+
+def _at_length(model, length: int, varlen_attn) -> bool:
+    from hfpatch.tolerances import bound
+
+    ids = torch.randint(1, 1000, (8, length), device="cuda")
+    positions = torch.arange(length, device="cuda").repeat(8)[None]
+    with torch.no_grad():
+        own_ms, own_mib, own = _timed(lambda: model(input_ids=ids, use_cache=False).logits)
+        ours_ms, ours_mib, ours = _timed(
+            lambda: model(input_ids=ids.reshape(1, -1), position_ids=positions, use_cache=False).logits
+        )
+    limit = bound(torch.bfloat16, own.float().abs().max().item())
+    worst = (ours.reshape(8, length, -1).float() - own.float()).abs().max().item()
+    line = (f"length, 8 x {length}: packed {ours_ms:.1f} ms / {ours_mib:.0f} MiB, own {own_ms:.1f} ms / "
+            f"{own_mib:.0f} MiB ({ours_ms / own_ms:.2f}x, {ours_mib / max(own_mib, 1):.2f}x memory); "
+            f"{worst:.2e} (tolerance {limit:.1e}) {'ok' if worst <= limit else 'WRONG'}")  # fmt: skip
+    if varlen_attn is not None:  # the attention alone, one layer's shapes: the physical limit's reference
+        q = torch.randn(8 * length, 4, 64, device="cuda", dtype=torch.bfloat16)
+        cu = torch.arange(0, 8 * length + 1, length, device="cuda", dtype=torch.int32)
+        grouped = q.view(8, length, 4, 64).transpose(1, 2)
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        sdpa_ms, _, _ = _timed(lambda: sdpa(grouped, grouped, grouped, is_causal=True))
+        varlen_ms, _, _ = _timed(lambda: varlen_attn(q, q, q, cu, cu, length, length))
+        line += f"; one layer's attention: SDPA by sequence {sdpa_ms:.2f} ms, varlen_attn {varlen_ms:.2f} ms"
+    print(line)
+    return worst <= limit
+
+
 def main(argv: list[str]) -> int:
-    if argv not in ([], ["seq2seq"], ["attention"], ["unpad"], ["precision"]):
-        print("usage: python benchmarks/cuda_checks.py [seq2seq | attention | unpad | precision]")
+    if argv not in ([], ["seq2seq"], ["attention"], ["unpad"], ["precision"], ["length"]):
+        print("usage: python benchmarks/cuda_checks.py [seq2seq | attention | unpad | precision | length]")
         return 2
     if not torch.cuda.is_available():
         print("no CUDA device: these checks need a GPU")
@@ -468,6 +532,10 @@ def main(argv: list[str]) -> int:
             return 0 if ok else 1
     if argv in ([], ["precision"]):
         ok &= precision("sdpa") & precision("flash_attention_2")
+        if argv:
+            return 0 if ok else 1
+    if argv in ([], ["length"]):
+        ok &= at_length()
         if argv:
             return 0 if ok else 1
     decoder_only = (
