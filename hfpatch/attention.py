@@ -3,29 +3,32 @@ functions (transformers' documented per-model override), never the process-wide 
 
 A call whose rows pack several sequences (or an unpadded call's packed row) hands its attention layers
 the row's layout, :class:`Sequences` (its real tokens grouped by sequence, computed once a call by
-:func:`hfpatch.packed.sequences`), on each layer type's mask (:class:`ByLayout`, as an attribute): where
-the mask code takes a mask as it is given (4.53+), the mask is a placeholder of ``-inf`` that holds
-nothing (:func:`carrier`: a ``[batch, 1, length, length]`` view of one element, so that an attention
-that ignored the layout would give NaN, never a quiet wrong number); elsewhere the mask by sequence
-itself carries it. Each patched modeling module gets two rows (:func:`module_rows`):
+:func:`hfpatch.packed.sequences`), on each layer type's mask (a :class:`ByLayout` riding on a
+:class:`Carrier`, the tensor subclass that keeps it through the ops a mask goes through): where the mask
+code takes a mask as it is given (4.53+), the mask is a placeholder of ``-inf`` that holds nothing
+(:func:`carrier`: a ``[batch, 1, length, length]`` view of one element, so that an attention that
+ignored the layout would give NaN, never a quiet wrong number); elsewhere the mask by sequence itself
+carries it (:func:`carried`). Each patched modeling module gets two rows (:func:`module_rows`):
 
-- its ``ALL_ATTENTION_FUNCTIONS`` name: a :class:`LocalAttention` over transformers' mapping, which hands
-  out each function as it is registered at call time, wrapped (:func:`by_layout`);
-- its ``eager_attention_forward`` (the eager default its attention classes fall back on), wrapped alike.
+- its ``ALL_ATTENTION_FUNCTIONS`` name: an attention interface of its own (a new ``AttentionInterface``,
+  as transformers documents for a module that overrides an attention), whose ``sdpa`` entry is by layout
+  (:func:`by_layout`) over the SDPA function registered at each call; every other entry is transformers';
+- its ``eager_attention_forward`` (the eager default its attention classes fall back on), by layout too.
 
-A wrapped function given a mask with a layout runs SDPA or eager attention on each group of sequences of
-similar length alone (a ``[sequences, heads, longest, dim]`` batch; its mask the one rule's,
+A function by layout given a carrier runs SDPA or eager attention on each group of sequences of similar
+length alone (a ``[sequences, heads, longest, dim]`` batch; its mask the one rule's,
 :func:`hfpatch.positions.window_mask`, over the group's own tokens and positions: causal, windows and
-chunks by position, none at all for plain SDPA), and puts the outputs back in the row; any other
-attention given a placeholder (a kernel's) gets the dense mask the layout stands for. Given anything else it
-is the function it wraps, unchanged: a model of another module, or a call without a packed row, runs as
-without hfpatch. Attention weights asked for: the dense mask too (they are ``length x length``).
+chunks by position, none at all for plain SDPA), and puts the outputs back in the row. Attention weights
+asked for, or shapes that are not the row's: the dense mask the layout stands for. Given any other mask
+it is the function it wraps after one class test: a call without a packed row runs as without hfpatch,
+and a model of a module hfpatch does not patch never meets it.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator, Mapping
+from collections import ChainMap
+from collections.abc import Callable
 from typing import Any, NamedTuple, Optional
 
 import torch
@@ -38,7 +41,7 @@ __all__ = [
     "LAYOUT",
     "ByLayout",
     "Carrier",
-    "LocalAttention",
+    "carried",
     "Sequences",
     "by_layout",
     "carrier",
@@ -88,29 +91,40 @@ class ByLayout(NamedTuple):
         return allowed if dtype is None else _additive(allowed, dtype)
 
 
-def by_layout(original: Callable, kind: str) -> Callable:
-    """``original`` (an attention function of transformers' signature), which runs a :class:`ByLayout`
-    mask one group of sequences at a time where ``kind`` is SDPA or eager, else on its dense mask."""
+def by_layout(original: Callable, kind: str, registry: Optional[dict] = None) -> Callable:
+    """``original`` (an attention function of transformers' signature; with ``registry``, the function
+    registered there under ``kind`` at each call), which runs a mask carrying a layout (:class:`Carrier`)
+    one group of sequences at a time where ``kind`` is SDPA or eager, else on its dense mask. Any other
+    mask: the function as it is, after one class test (the cost of every other call: one frame)."""
     if getattr(original, "__hfpatch_by_layout__", False):
         return original
+    table = registry if registry is not None else {kind: original}
 
     @functools.wraps(original)
     def attention(module: Any, query: Tensor, key: Tensor, value: Tensor, attention_mask: Any, *args: Any,
                   **kwargs: Any) -> Any:  # fmt: skip
-        layout = getattr(attention_mask, LAYOUT, None) if attention_mask is not None else None
-        if layout is None or torch.compiler.is_compiling():
-            return original(module, query, key, value, attention_mask, *args, **kwargs)
-        batch, length = layout.sequences.shape
-        fits = query.shape[0] == batch and query.shape[2] == length and key.shape[2] == length
-        asked = kwargs.get("output_attentions") or kwargs.get("position_bias") is not None
-        if kind not in BY_SEQUENCE or args or not fits or asked:
-            if attention_mask.stride()[-2:] == (0, 0):  # a placeholder: the mask it stands for
-                attention_mask = layout.dense(None if kind == "sdpa" else query.dtype)
-            return original(module, query, key, value, attention_mask, *args, **kwargs)
-        return _by_sequence(original, kind, module, query, key, value, layout, kwargs)
+        if attention_mask.__class__ is not Carrier:  # (never under compile: no carrier is made there)
+            return table[kind](module, query, key, value, attention_mask, *args, **kwargs)
+        return _laid_out(table[kind], kind, module, query, key, value, attention_mask, args, kwargs)
 
     attention.__hfpatch_by_layout__ = True  # type: ignore[attr-defined]
     return attention
+
+
+def _laid_out(
+    function: Callable, kind: str, module: Any, query: Tensor, key: Tensor, value: Tensor, mask: Tensor,
+    args: tuple, kwargs: dict,
+) -> Any:  # fmt: skip
+    """An attention call whose mask carries a layout: by sequence, or on the dense mask it stands for."""
+    layout = mask.__dict__.get(LAYOUT)
+    batch, length = layout.sequences.shape
+    fits = query.shape[0] == batch and query.shape[2] == length and key.shape[2] == length
+    asked = kwargs.get("output_attentions") or kwargs.get("position_bias") is not None
+    if kind not in BY_SEQUENCE or args or not fits or asked or torch.compiler.is_compiling():
+        if mask.stride()[-2:] == (0, 0):  # a placeholder: the mask it stands for
+            mask = layout.dense(None if kind == "sdpa" else query.dtype)
+        return function(module, query, key, value, mask.as_subclass(Tensor), *args, **kwargs)
+    return _by_sequence(function, kind, module, query, key, value, layout, kwargs)
 
 
 def _by_sequence(
@@ -166,6 +180,13 @@ class Carrier(Tensor):
         return out
 
 
+def carried(mask: Tensor, layout: ByLayout) -> Tensor:
+    """``mask`` (a dense mask by sequence) carrying ``layout``: a :class:`Carrier` view of it."""
+    made = mask.as_subclass(Carrier)
+    made.__dict__[LAYOUT] = layout
+    return made
+
+
 def carrier(layout: ByLayout, dtype: torch.dtype) -> Tensor:
     """A layer type's mask that is its layout alone: ``-inf`` everywhere, ``[batch, 1, length, length]``,
     one element of memory, ``layout`` on it (:data:`LAYOUT`), kept by the ops a mask goes through
@@ -173,70 +194,49 @@ def carrier(layout: ByLayout, dtype: torch.dtype) -> Tensor:
     batch, length = layout.sequences.shape
     device = layout.sequences.real.device
     placeholder = torch.full((), float("-inf"), dtype=dtype, device=device).expand(batch, 1, length, length)
-    made = placeholder.as_subclass(Carrier)
-    made.__dict__[LAYOUT] = layout
-    return made
-
-
-class LocalAttention(Mapping):
-    """A modeling module's ``ALL_ATTENTION_FUNCTIONS`` while it is patched: transformers' mapping (an
-    ``AttentionInterface``, or 4.48-4.51's dict) read at each call, its functions handed out wrapped
-    (:func:`by_layout`; each wrapped once); the default ``get_interface`` falls back on (the module's eager
-    function) alike. Everything else is the mapping's own."""
-
-    def __init__(self, mapping: Any) -> None:
-        self._mapping = mapping
-        self._wrapped: dict[tuple[str, int], Callable] = {}
-
-    def _wrap(self, name: Any, function: Any) -> Any:
-        if not callable(function):
-            return function
-        made = self._wrapped.get((name, id(function)))
-        if made is None or made.__wrapped__ is not function:  # type: ignore[attr-defined]
-            made = self._wrapped[(name, id(function))] = by_layout(function, _kind(name))
-        return made
-
-    def __getitem__(self, name: str) -> Any:
-        return self._wrap(name, self._mapping[name])
-
-    def get(self, name: str, default: Any = None) -> Any:
-        found = self._mapping.get(name, default)
-        return self._wrap(name, found) if found is not None else found
-
-    def get_interface(self, name: str, default: Callable) -> Callable:
-        return self._wrap(name, self._mapping.get_interface(name, default))
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._mapping)
-
-    def __len__(self) -> int:
-        return len(self._mapping)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._mapping
-
-    def __getattr__(self, name: str) -> Any:  # valid_keys, register ...: the mapping's
-        return getattr(self._mapping, name)
-
-
-def _kind(name: Any) -> str:
-    """The attention a registry name runs (``paged|sdpa`` and hub kernels aside: as named)."""
-    return name.removeprefix("paged|") if isinstance(name, str) else ""
+    return carried(placeholder, layout)
 
 
 MAPPING, EAGER = "ALL_ATTENTION_FUNCTIONS", "eager_attention_forward"
 
 
 def module_rows(module: Any) -> list[Patch]:
-    """The rows of a patched modeling module: its ``ALL_ATTENTION_FUNCTIONS`` made a
-    :class:`LocalAttention`, its ``eager_attention_forward`` wrapped (where it has them: releases with
-    attention functions, 4.48+)."""
+    """The rows of a patched modeling module (releases with attention functions, 4.48+): its
+    ``ALL_ATTENTION_FUNCTIONS`` made an attention interface of its own (transformers' documented
+    per-module override: a new ``AttentionInterface`` with the module's own entries, and ``sdpa`` by
+    layout, the function registered for SDPA read at each call; 4.48-4.51's dict: a ``ChainMap`` over it),
+    and its ``eager_attention_forward`` wrapped by layout. Every other entry is transformers' as
+    registered: nothing of another module changes."""
     namespace = vars(module)
     rows = []
     mapping = namespace.get(MAPPING)
-    if mapping is not None and not isinstance(mapping, LocalAttention) and hasattr(mapping, "__getitem__"):
-        rows.append(Patch(namespace, MAPPING, mapping, LocalAttention(mapping)))
+    if mapping is not None and not getattr(mapping, "__hfpatch_by_layout__", False):
+        local = _own_interface(mapping)
+        if local is not None:
+            rows.append(Patch(namespace, MAPPING, mapping, local))
     eager = namespace.get(EAGER)
     if callable(eager) and not getattr(eager, "__hfpatch_by_layout__", False):
         rows.append(Patch(namespace, EAGER, eager, by_layout(eager, "eager")))
     return rows
+
+
+def _own_interface(mapping: Any) -> Any:
+    """A module's own attention mapping over ``mapping`` (what it had), whose ``sdpa`` runs by layout."""
+    own = getattr(mapping, "_local_mapping", {})  # (a module that overrides an entry already: kept)
+    registry = getattr(type(mapping), "_global_mapping", mapping)
+    if not isinstance(registry, dict) or not isinstance(own, dict) or "sdpa" not in {**registry, **own}:
+        return None
+
+    table = own if "sdpa" in own else registry  # (where the module had its own SDPA, that one)
+    sdpa = by_layout(table["sdpa"], "sdpa", table)
+    if isinstance(mapping, dict):  # 4.48-4.51: the registry is a dict its modules read by key
+        made: Any = ChainMap({"sdpa": sdpa}, mapping)
+    else:
+        made = type(mapping)()
+        made._local_mapping.update(own)
+        made["sdpa"] = sdpa
+    try:
+        made.__hfpatch_by_layout__ = True
+    except AttributeError:  # (a ChainMap takes attributes: this is for an interface that does not)
+        pass
+    return made

@@ -35,7 +35,7 @@ import torch
 
 from . import caches
 from ._compat import cache_utils
-from .attention import LAYOUT, MAPPING, ByLayout, carrier
+from .attention import MAPPING, ByLayout, carried, carrier
 from .positions import cache_positions, keys_seen, sequence_lengths, window_mask
 from .sources import (
     attends_inline,
@@ -322,15 +322,12 @@ def _by_lengths(kwargs: dict, packed: Any) -> Optional[str]:
 
 def _by_sequence(masks: dict, windows: dict, packed: Any) -> None:
     """Let SDPA run each packed sequence on its own where the mask code takes no layout (the module's
-    SDPA function, :mod:`hfpatch.attention`): the dense masks of the layer types whose window or chunk
-    no sequence exceeds carry the sequences' layout."""
+    SDPA function, :mod:`hfpatch.attention`): the dense masks carry the sequences' layout."""
     from .packed import sequences
 
     laid = sequences(packed)
-    longest = laid.longest()
-    for kind, size in windows.items():
-        if all(limit is None or longest <= limit for limit in size or ()):
-            setattr(masks[kind], LAYOUT, ByLayout(laid))
+    for kind, size in windows.items():  # (windows too: each group's mask is the rule's over its tokens)
+        masks[kind] = carried(masks[kind], ByLayout(laid, *(size or (None, None))))
 
 
 def whole_cache(
