@@ -246,14 +246,15 @@ PADDED = object()  # what :func:`unpadding` returns for a call that keeps the pa
 
 
 def causal_lm_head(cls: type) -> bool:
-    """A causal LM's task head: its ``forward`` takes ``labels`` and ``logits_to_keep`` (or 4.x's
-    ``num_logits_to_keep``), whose LM head runs on the last hidden states and whose loss shifts the labels
-    by one."""
+    """A causal LM's task head: its ``forward`` takes ``labels`` and ``logits_to_keep`` (or 4.45-4.49's
+    ``num_logits_to_keep``; before those, a class named as transformers names its causal LMs), whose LM
+    head runs on the last hidden states and whose loss shifts the labels by one."""
     try:
         params = inspect.signature(cls.__dict__["forward"]).parameters
     except (KeyError, TypeError, ValueError):
         return False
-    return "labels" in params and ("logits_to_keep" in params or "num_logits_to_keep" in params)
+    named = cls.__name__.endswith(("ForCausalLM", "LMHeadModel"))
+    return "labels" in params and ("logits_to_keep" in params or "num_logits_to_keep" in params or named)
 
 
 def gate(
