@@ -117,6 +117,8 @@ def _laid_out(
 ) -> Any:  # fmt: skip
     """An attention call whose mask carries a layout: by sequence, or on the dense mask it stands for."""
     layout = mask.__dict__.get(LAYOUT)
+    if layout is None:  # (a carrier an op made from no carrier: a dense mask, as it is)
+        return function(module, query, key, value, mask.as_subclass(Tensor), *args, **kwargs)
     batch, length = layout.sequences.shape
     fits = query.shape[0] == batch and query.shape[2] == length and key.shape[2] == length
     asked = kwargs.get("output_attentions") or kwargs.get("position_bias") is not None
