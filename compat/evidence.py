@@ -5,7 +5,10 @@ release, made from the JUnit XML the matrix runs write (compat/results/, build o
     python compat/evidence.py --probe RELEASE FILE.xml [...]   # merge probe runs (their probe tests)
     python compat/evidence.py --cases RELEASE FILE.json        # the stock-vs-hfpatch case counts
 
-A run's commit is read from FILE.commit beside it (the matrix scripts write it).
+A run's commit is read from FILE.commit beside it (the matrix scripts write it). The one-commit matrix
+(``python compat/matrix.py run RELEASE``, compat/one_commit.sh) rebuilds a release's file from its own
+runs alone (:func:`restart`): its ``run`` says the commit and whether the release ran the whole suite
+(a SAMPLE release) or the per-release tests only.
 
 What a test found is read from the JUnit properties the tests record, never from names or messages:
 
@@ -65,6 +68,24 @@ def load(release: str) -> dict[str, Any]:
     return {"release": release, "code": {"probe": [], "suite": []}, "reasons": [], "probe": {}, "suite": {}}
 
 
+def restart(release: str, commit: str, sample: bool) -> dict[str, Any]:
+    """A release's evidence begun anew by a one-commit run: nothing of earlier runs is kept."""
+    evidence = load("")  # the empty file
+    evidence["release"] = release
+    evidence["run"] = {"commit": commit, "tests": "whole suite" if sample else "per release"}
+    return evidence
+
+
+def at_commit(release: str) -> Optional[str]:
+    """The commit a one-commit run measured ``release`` at (None: not such a run, or mixed)."""
+    evidence = load(release)
+    commit = evidence.get("run", {}).get("commit")
+    code = evidence.get("code", {})
+    if commit and code.get("probe") == [commit] and code.get("suite") == [commit] and evidence.get("cases"):
+        return commit
+    return None
+
+
 def merge(
     evidence: dict[str, Any], records: list[dict[str, Any]], commit: Optional[str], probe_only: bool = False
 ) -> dict[str, Any]:
@@ -115,7 +136,7 @@ def _number(value: Optional[str]) -> Optional[float]:
 def dumps(evidence: dict[str, Any]) -> str:
     """The file's text: one test function a line group, one entry a line, keys sorted."""
     lines = ["{"]
-    head = {key: evidence[key] for key in ("release", "source", "code", "cases") if key in evidence}
+    head = {key: evidence[key] for key in ("release", "source", "run", "code", "cases") if key in evidence}
     for key, value in head.items():
         lines.append(f" {json.dumps(key)}: {json.dumps(value, sort_keys=True)},")
     reasons = ",\n".join(f"  {json.dumps(reason)}" for reason in evidence["reasons"])
@@ -144,6 +165,9 @@ def save(evidence: dict[str, Any]) -> Path:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--at-commit"] and len(argv) == 2:  # the commit a one-commit run measured it at
+        print(at_commit(argv[1]) or "")
+        return 0
     if argv[:1] == ["--cases"] and len(argv) == 3:
         evidence = load(argv[1])
         evidence["cases"] = json.loads(Path(argv[2]).read_text())

@@ -5,15 +5,28 @@ pinned: the CPU build), which ones CI runs. ``noxfile.py``, ``probe_matrix.sh``,
     python compat/matrix.py releases                  # one release a line
     python compat/matrix.py setup PYTHON              # torch and the test dependencies into PYTHON's
     python compat/matrix.py install RELEASE PYTHON    # that transformers release into PYTHON's
+    python compat/matrix.py run RELEASE               # the matrix's tests of RELEASE with this Python,
+                                                      # merged into compat/evidence/RELEASE.json
+    python compat/matrix.py split                     # which test file runs where (ONCE, PER_RELEASE)
+
+The split (one place, here): what varies by release runs on every release (PER_RELEASE, and the probe
+files' probe tests with ``--outside-ranges``); the mechanics no release changes (ONCE: launchers,
+the CLI, the documents, plugin plumbing, the compile tests beyond a smoke) run on SAMPLE only.
+``compat/matrix_plugin.py`` selects the tests; ``tests/test_compat_matrix.py`` checks that every test
+file is named exactly once, so a new file cannot be dropped silently.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+RESULTS = HERE / "results"
 
 TORCH = "torch==2.13.0"  # the CPU build on this project's machines; an unpinned torch pulls a CUDA build
 TEST_DEPENDENCIES = ["wrapt", "packaging", "pytest", "hypothesis"]
@@ -45,6 +58,81 @@ NO_TOKENIZERS_DEPENDENCIES = [
 HUB_PINS = {"5.4.0": "1.5.0"}
 
 
+# --- the split: which tests the matrix runs on every release, which on SAMPLE only -------------------
+# the releases that run the whole suite (ONCE too): the CI releases, spanning 4.20-5.24, plus the
+# first 5.x (the cache and attention rewrites) and 4.46.3 (the middle of the 4.4x cache era)
+SAMPLE = sorted({*CI_RELEASES, "4.46.3", "5.0.0"}, key=lambda r: tuple(int(x) for x in r.split(".")))
+# the probe (run with --outside-ranges, every covered model type in its range or not): these files'
+# tests that take the ``probe`` fixture; their other tests run with the per-release suite
+PROBE_FILES = [
+    "tests/test_architectures.py",
+    "tests/test_decoders.py",
+    "tests/test_wrappers.py",
+    "tests/test_custom_models.py",
+]
+# run on every release: each builds models of the installed release and compares them against stock
+# or against each sequence run alone
+PER_RELEASE = [
+    *PROBE_FILES,
+    "tests/test_audit.py",
+    "tests/test_bad_input.py",
+    "tests/test_cache_position.py",
+    "tests/test_checkpointing.py",
+    "tests/test_compile.py",  # the smoke only (COMPILE_SMOKE): the rest is ONCE
+    "tests/test_flash.py",
+    "tests/test_generate_windows.py",
+    "tests/test_invariant.py",
+    "tests/test_layout.py",
+    "tests/test_lifecycle.py",
+    "tests/test_packed.py",
+    "tests/test_precision.py",
+    "tests/test_rope.py",
+    "tests/test_seed_scenarios.py",
+    "tests/test_shadow.py",
+    "tests/test_unchanged.py",
+    "tests/test_unpad.py",
+    "tests/test_windows.py",
+]
+# run on SAMPLE only (a path, or a test's node id without its parameters): what they check does not
+# vary by release, and each is slow (a subprocess, a launcher, dynamo)
+ONCE = {
+    "tests/integrations": "the libraries users combine hfpatch with (skipped without them)",
+    "tests/test_api.py": "the public API's contracts (threads, nesting)",
+    "tests/test_cli.py": "the command line, a subprocess each",
+    "tests/test_design.py": "the package's source",
+    "tests/test_messages.py": "error messages",
+    "tests/test_positions.py": "pure tensor functions",
+    "tests/test_processes.py": "process launchers (spawn, DataLoader workers, torchrun)",
+    "tests/test_readme.py": "the documents' examples and commands",
+    "tests/test_testing.py": "the pytest plugin and hfpatch.testing",
+    "tests/test_workers.py": "Ray's runtime_env plumbing",
+    "tests/test_decoders.py::test_compiled_decoder_matches_eager": "dynamo on a whole decoder (30 s)",
+}
+# tests with the ``compile`` marker run on SAMPLE only, except this per-release smoke (I6 on every release)
+ONCE_MARKERS = ["compile"]
+COMPILE_SMOKE = [
+    "tests/test_compile.py::test_fullgraph_eager_backend",
+    "tests/test_compile.py::test_no_graph_break_of_its_own",
+]
+# not run by the matrix at all
+NOT_IN_MATRIX = {
+    "tests/test_compat_report.py": "checks the committed evidence, not the installed release",
+    "tests/test_compat_matrix.py": "checks this split and the matrix scripts, not the installed release",
+}
+ONCE_FILES = sorted(path for path in ONCE if "::" not in path)
+
+
+def runs_once(nodeid: str, markers: set[str]) -> bool:
+    """Whether the test ``nodeid`` (with ``markers``) runs on SAMPLE only."""
+    function = nodeid.partition("[")[0]
+    if function in COMPILE_SMOKE:
+        return False
+    if any(function == path or function.startswith(path.rstrip("/") + "/") or
+           function.startswith(path + "::") for path in ONCE):  # fmt: skip
+        return True
+    return bool(markers & set(ONCE_MARKERS))
+
+
 def install_steps(release: str) -> list[list[str]]:
     """The ``pip install`` argument lists that install ``release`` (after torch), in order."""
     if release.startswith(NO_TOKENIZERS):
@@ -69,12 +157,93 @@ def install(release: str, python: str) -> None:
         subprocess.run([*pip, *step], check=True)
 
 
+def commit() -> str:
+    """The code the run tests: ``MATRIX_COMMIT`` (compat/one_commit.sh sets it), else the checkout's HEAD,
+    with ``-dirty`` where the checkout has uncommitted changes to the code or the tests."""
+    if os.environ.get("MATRIX_COMMIT"):
+        return os.environ["MATRIX_COMMIT"]
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    status = ["git", "status", "--porcelain", "--untracked-files=no", "--", "hfpatch", "tests", "compat"]
+    dirty = subprocess.run([*status, "pyproject.toml"], capture_output=True, text=True, cwd=ROOT)
+    return (done.stdout.strip() or "unknown") + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def pytest_args(release: str, part: str, junit: Path) -> list[str]:
+    """The pytest arguments of one part of a release's run: ``probe`` (the probe files' probe tests,
+    ``--outside-ranges``) or ``suite`` (PER_RELEASE without the probe tests; on SAMPLE, ONCE too)."""
+    common = ["-q", "-p", "no:cacheprovider", "-p", "compat.matrix_plugin", "--tb=short",
+              "--hypothesis-profile=matrix", f"--junitxml={junit}"]  # fmt: skip
+    if part == "probe":
+        return [*common, "--matrix-part=probe", "-m", "slow or not slow", "--outside-ranges", *PROBE_FILES]
+    once = release in SAMPLE
+    files = [*PER_RELEASE, *(ONCE_FILES if once else [])]
+    # the inductor test runs in CI (nox -s ci), not here
+    return [*common, f"--matrix-part={'sample' if once else 'release'}", "-m", "not inductor", *files]
+
+
+def run(release: str, results: Path = RESULTS) -> int:
+    """The matrix on ``release`` with this Python (transformers ``release`` installed): the probe, the
+    suite (split: :data:`SAMPLE`), the case count; then compat/evidence/RELEASE.json is rebuilt from
+    these runs alone, at one commit. A failing test is a result; a run that did not finish is not (its
+    evidence is left as it was, exit 1)."""
+    import time
+
+    import transformers
+
+    if transformers.__version__ != release:
+        sys.exit(f"transformers {transformers.__version__} is installed, not {release}")
+    code = commit()
+    (results / "probe").mkdir(parents=True, exist_ok=True)
+    junits = {"probe": results / "probe" / f"{release}.xml", "suite": results / f"{release}.xml"}
+    cases = results / f"{release}.cases.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    times = {}
+    for part, junit in junits.items():
+        start = time.monotonic()
+        done = subprocess.run([sys.executable, "-m", "pytest", *pytest_args(release, part, junit)], cwd=ROOT,
+                              env=env)  # fmt: skip
+        times[part] = round(time.monotonic() - start)
+        if done.returncode not in (0, 1):  # 0: all passed, 1: some failed (a result); else it did not run
+            print(f"{release}: the {part} run ended with {done.returncode}: no evidence written")
+            return 1
+    start = time.monotonic()
+    subprocess.run([sys.executable, str(HERE / "count_cases.py"), str(cases)], cwd=ROOT, env=env, check=True)
+    times["cases"] = round(time.monotonic() - start)
+    sys.path.insert(0, str(ROOT))
+    from compat import evidence
+
+    found = evidence.restart(release, code, sample=release in SAMPLE)
+    evidence.merge(found, evidence.read_junit(junits["probe"]), code, probe_only=True)
+    evidence.merge(found, evidence.read_junit(junits["suite"]), code)
+    found["cases"] = json.loads(cases.read_text())
+    evidence.save(found)
+    (results / f"{release}.times.json").write_text(json.dumps(times) + "\n")
+    print(f"{release} at {code}: " + ", ".join(f"{part} {s} s" for part, s in times.items()))
+    return 0
+
+
+def split() -> str:
+    """Which test file runs where, one a line (``python compat/matrix.py split``)."""
+    lines = [f"every release: {path}" for path in PER_RELEASE]
+    lines += [f"SAMPLE only ({', '.join(SAMPLE)}): {path}: {why}" for path, why in ONCE.items()]
+    lines += [f"SAMPLE only: the {', '.join(ONCE_MARKERS)} marker, but {', '.join(COMPILE_SMOKE)}"]
+    lines += [f"not in the matrix: {path}: {why}" for path, why in NOT_IN_MATRIX.items()]
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["releases"]:
         print("\n".join(RELEASES))
+    elif sys.argv[1:2] == ["split"]:
+        print(split())
+    elif sys.argv[1:2] == ["run"] and len(sys.argv) == 3:
+        sys.exit(run(sys.argv[2]))
     elif sys.argv[1:2] == ["setup"] and len(sys.argv) == 3:
         setup(sys.argv[2])
     elif sys.argv[1:2] == ["install"] and len(sys.argv) == 4:
         install(sys.argv[2], sys.argv[3])
     else:
-        sys.exit(f"usage: python {sys.argv[0]} releases | setup PYTHON | install RELEASE PYTHON")
+        sys.exit(
+            f"usage: python {sys.argv[0]} releases | split | setup PYTHON | install RELEASE PYTHON | "
+            "run RELEASE"
+        )
