@@ -62,6 +62,8 @@ HUB_PINS = {"5.4.0": "1.5.0"}
 # the releases that run the whole suite (ONCE too): the CI releases, spanning 4.20-5.24, plus the
 # first 5.x (the cache and attention rewrites) and 4.46.3 (the middle of the 4.4x cache era)
 SAMPLE = sorted({*CI_RELEASES, "4.46.3", "5.0.0"}, key=lambda r: tuple(int(x) for x in r.split(".")))
+if "MATRIX_SAMPLE" in os.environ:  # another sample, for a measurement (MATRIX_SAMPLE= : none)
+    SAMPLE = [release for release in os.environ["MATRIX_SAMPLE"].split(",") if release]
 # the probe (run with --outside-ranges, every covered model type in its range or not): these files'
 # tests that take the ``probe`` fixture; their other tests run with the per-release suite
 PROBE_FILES = [
