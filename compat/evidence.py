@@ -76,6 +76,37 @@ def restart(release: str, commit: str, sample: bool) -> dict[str, Any]:
     return evidence
 
 
+def collapse_suite(evidence: dict[str, Any]) -> dict[str, Any]:
+    """A one-commit file's suite, compact (the committed evidence stays small: tests/test_compat_report.py):
+    per test function, one entry per distinct result, keyed by its flagship, invariant, outcome and how
+    many tests gave it ("gpt2 I1 pass x12"). The report reads nothing finer (a cell is its tests' worst,
+    or its skips' reason); each test's own result is in the run's JUnit XML (compat/results/). Unused skip
+    reasons are dropped, and so are the skips of a column (flagship, invariant) where some test ran: the
+    cell is then what ran."""
+    ran = {(row[1], row[2]) for entries in evidence["suite"].values() for row in entries.values()
+           if not isinstance(row[0], int)}  # fmt: skip
+    used: dict[int, int] = {}
+    grouped: dict[str, dict[tuple, int]] = {}
+    for function, entries in evidence["suite"].items():
+        counts = grouped.setdefault(function, {})
+        for row in entries.values():
+            if isinstance(row[0], int) and (row[1], row[2]) in ran:
+                continue
+            counts[tuple(row)] = counts.get(tuple(row), 0) + 1
+            if isinstance(row[0], int):
+                used.setdefault(row[0], len(used))
+    reasons = [evidence["reasons"][index] for index in sorted(used, key=used.get)]
+    suite: dict[str, dict[str, list]] = {}
+    for function, counts in grouped.items():
+        for row, count in counts.items():  # a function none of whose rows is kept is left out
+            outcome = f"skip{used[row[0]]}" if isinstance(row[0], int) else row[0]
+            row = (used[row[0]], *row[1:]) if isinstance(row[0], int) else row
+            key = f"{row[1] or '-'} {row[2] or '-'} {outcome} x{count}"
+            suite.setdefault(function, {})[key] = list(row)
+    evidence["suite"], evidence["reasons"] = suite, reasons
+    return evidence
+
+
 def at_commit(release: str) -> Optional[str]:
     """The commit a one-commit run measured ``release`` at (None: not such a run, or mixed)."""
     evidence = load(release)

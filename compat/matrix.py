@@ -218,7 +218,7 @@ def run(release: str, results: Path = RESULTS) -> int:
     evidence.merge(found, evidence.read_junit(junits["probe"]), code, probe_only=True)
     evidence.merge(found, evidence.read_junit(junits["suite"]), code)
     found["cases"] = json.loads(cases.read_text())
-    evidence.save(found)
+    evidence.save(evidence.collapse_suite(found))
     (results / f"{release}.times.json").write_text(json.dumps(times) + "\n")
     print(f"{release} at {code}: " + ", ".join(f"{part} {s} s" for part, s in times.items()))
     return 0
