@@ -109,13 +109,18 @@ ONCE = {
     "tests/test_testing.py": "the pytest plugin and hfpatch.testing",
     "tests/test_workers.py": "Ray's runtime_env plumbing",
     "tests/test_decoders.py::test_compiled_decoder_matches_eager": "dynamo on a whole decoder (30 s)",
+    "tests/test_layout.py::test_flex_attention_gets_its_block_mask_from_the_layout": (
+        "flex attention's kernel, compiled (40 s a test)"
+    ),
+    "tests/test_audit.py::test_audit_exits_with_the_commands_status_and_reports_no_calls": "a subprocess",
+    "tests/test_audit.py::test_audit_command_mistakes_are_one_line": "the CLI's argument errors",
+    "tests/test_shadow.py::test_hfpatch_shadow_variable_with_the_launcher": "the launcher, a subprocess",
+    "tests/test_shadow.py::test_the_shadow_under_hfpatch_audit": "the audit command, a subprocess",
+    "tests/test_lifecycle.py::test_eight_threads_apply_and_revert": "thread safety of the ledger",
 }
 # tests with the ``compile`` marker run on SAMPLE only, except this per-release smoke (I6 on every release)
 ONCE_MARKERS = ["compile"]
-COMPILE_SMOKE = [
-    "tests/test_compile.py::test_fullgraph_eager_backend",
-    "tests/test_compile.py::test_no_graph_break_of_its_own",
-]
+COMPILE_SMOKE = ["tests/test_compile.py::test_no_graph_break_of_its_own"]
 # not run by the matrix at all
 NOT_IN_MATRIX = {
     "tests/test_compat_report.py": "checks the committed evidence, not the installed release",

@@ -4,6 +4,7 @@
     --matrix-part=probe    the tests that take the ``probe`` fixture (run with --outside-ranges)
     --matrix-part=release  every other test, but those that run on SAMPLE only (matrix.runs_once)
     --matrix-part=sample   every other test (a SAMPLE release: the whole suite)
+    --matrix-part=once     only those that run on SAMPLE only (to time them)
 
 Deselected tests are reported as deselected, not skipped: the evidence holds only what ran.
 """
@@ -16,7 +17,7 @@ import pytest
 
 from compat.matrix import ROOT, runs_once
 
-PARTS = ("probe", "release", "sample")
+PARTS = ("probe", "release", "sample", "once")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -37,7 +38,10 @@ def selected(item: pytest.Item, part: str) -> bool:
         return probe
     if probe:
         return False
-    return part == "sample" or not runs_once(_nodeid(item), {mark.name for mark in item.iter_markers()})
+    if part == "sample":
+        return True
+    once = runs_once(_nodeid(item), {mark.name for mark in item.iter_markers()})
+    return once if part == "once" else not once
 
 
 @pytest.hookimpl(trylast=True)

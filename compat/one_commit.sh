@@ -46,8 +46,8 @@ export here commit tree base wheel work
 run_one() {
   local release=$1 venv="$work/venv-$1" log="$here/compat/results/logs/$1.log"
   rm -rf "$venv"
-  python3 -m venv "$venv"
-  # the base's packages (torch, pytest, hypothesis) after the release's own
+  python3 -m venv --without-pip "$venv"
+  # the base's packages (torch, pytest, hypothesis, pip itself) after the release's own
   "$base/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' \
     > "$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/matrix-base.pth"
   if { python3 "$tree/compat/matrix.py" install "$release" "$venv/bin/python" &&

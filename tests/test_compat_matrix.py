@@ -102,7 +102,12 @@ def test_each_part_selects_its_tests():
     )
     chosen = {part: [item for item in (probe, cli, smoke, heavy) if matrix_plugin.selected(item, part)]
               for part in matrix_plugin.PARTS}  # fmt: skip
-    assert chosen == {"probe": [probe], "release": [smoke], "sample": [cli, smoke, heavy]}
+    assert chosen == {
+        "probe": [probe],
+        "release": [smoke],
+        "sample": [cli, smoke, heavy],
+        "once": [cli, heavy],
+    }
 
 
 def test_the_two_parts_of_a_release_are_its_pytest_runs():
