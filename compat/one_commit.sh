@@ -51,7 +51,7 @@ run_one() {
   "$base/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' \
     > "$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/matrix-base.pth"
   if { python3 "$tree/compat/matrix.py" install "$release" "$venv/bin/python" &&
-       "$venv/bin/pip" install -q --no-deps "$wheel"/hfpatch-*.whl &&
+       "$venv/bin/python" -m pip install -q --no-deps "$wheel"/hfpatch-*.whl &&
        (cd "$tree" && MATRIX_COMMIT=$commit "$venv/bin/python" compat/matrix.py run "$release"); } >"$log" 2>&1
   then
     cp "$tree/compat/evidence/$release.json" "$here/compat/evidence/$release.json"
