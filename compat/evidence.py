@@ -4,6 +4,7 @@ release, made from the JUnit XML the matrix runs write (compat/results/, build o
     python compat/evidence.py RELEASE FILE.xml [...]           # merge full-suite runs into RELEASE's
     python compat/evidence.py --probe RELEASE FILE.xml [...]   # merge probe runs (their probe tests)
     python compat/evidence.py --cases RELEASE FILE.json        # the stock-vs-hfpatch case counts
+    python compat/evidence.py --at-commit RELEASE              # the commit a one-commit run measured
 
 A run's commit is read from FILE.commit beside it (the matrix scripts write it). The one-commit matrix
 (``python compat/matrix.py run RELEASE``, compat/one_commit.sh) rebuilds a release's file from its own

@@ -112,6 +112,7 @@ ONCE = {
     "tests/test_layout.py::test_flex_attention_gets_its_block_mask_from_the_layout": (
         "flex attention's kernel, compiled (40 s a test)"
     ),
+    "tests/test_packed.py::test_flex_attention": "flex attention's kernel, compiled at its first use (20 s)",
     "tests/test_audit.py::test_audit_exits_with_the_commands_status_and_reports_no_calls": "a subprocess",
     "tests/test_audit.py::test_audit_command_mistakes_are_one_line": "the CLI's argument errors",
     "tests/test_shadow.py::test_hfpatch_shadow_variable_with_the_launcher": "the launcher, a subprocess",
@@ -120,6 +121,9 @@ ONCE = {
 }
 # tests with the ``compile`` marker run on SAMPLE only, except this per-release smoke (I6 on every release)
 ONCE_MARKERS = ["compile"]
+# and the parametrized tests whose parameters say this: flex attention compiles its kernel at its first
+# use in a process (20 s), whichever test that is (the releases' flex attention: the sample's 4.57-5.24)
+ONCE_PARAMETERS = ["flex_attention"]
 COMPILE_SMOKE = ["tests/test_compile.py::test_no_graph_break_of_its_own"]
 # not run by the matrix at all
 NOT_IN_MATRIX = {
@@ -131,7 +135,9 @@ ONCE_FILES = sorted(path for path in ONCE if "::" not in path)
 
 def runs_once(nodeid: str, markers: set[str]) -> bool:
     """Whether the test ``nodeid`` (with ``markers``) runs on SAMPLE only."""
-    function = nodeid.partition("[")[0]
+    function, _, parameters = nodeid.partition("[")
+    if any(word in parameters for word in ONCE_PARAMETERS):
+        return True
     if function in COMPILE_SMOKE:
         return False
     if any(function == path or function.startswith(path.rstrip("/") + "/") or
@@ -234,6 +240,7 @@ def split() -> str:
     lines = [f"every release: {path}" for path in PER_RELEASE]
     lines += [f"SAMPLE only ({', '.join(SAMPLE)}): {path}: {why}" for path, why in ONCE.items()]
     lines += [f"SAMPLE only: the {', '.join(ONCE_MARKERS)} marker, but {', '.join(COMPILE_SMOKE)}"]
+    lines += [f"SAMPLE only: parameters naming {', '.join(ONCE_PARAMETERS)}"]
     lines += [f"not in the matrix: {path}: {why}" for path, why in NOT_IN_MATRIX.items()]
     return "\n".join(lines)
 

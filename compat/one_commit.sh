@@ -8,11 +8,18 @@
 # says (the mechanics on SAMPLE only), the case count, and compat/evidence/RELEASE.json rebuilt at the
 # commit, copied back here; the virtualenv is deleted (about 300 MB each). --resume skips the releases
 # whose evidence here is already at this commit. Then compat/REPORT.md. pip's cache is reused.
-# Logs: compat/results/logs/RELEASE.log; times: compat/results/RELEASE.times.json.
+# Logs: compat/results/logs/RELEASE.log; times: compat/results/RELEASE.times.json; the JUnit XML stays in
+# the worktree's compat/results/ ($MATRIX_WORK/tree-COMMIT, kept for --resume; git worktree remove it).
 # About 2.5 hours on one core (docs/compatibility.md). In the background:
 #   nohup bash compat/one_commit.sh --resume > compat/results/one_commit.log 2>&1 &
 set -euo pipefail
-cd "$(dirname "$0")/.."
+if [ -z "${ONE_COMMIT_CHECKOUT:-}" ]; then  # run a copy: the checkout's own file may change meanwhile
+  copy=$(mktemp "${TMPDIR:-/tmp}/one_commit.XXXXXX")
+  cp "$0" "$copy"
+  ONE_COMMIT_CHECKOUT=$(cd "$(dirname "$0")/.." && pwd) exec bash "$copy" "$@"
+fi
+trap 'rm -f "$0"' EXIT
+cd "$ONE_COMMIT_CHECKOUT"
 jobs=1 resume=0 releases=()
 while [ $# -gt 0 ]; do
   case $1 in
@@ -44,7 +51,7 @@ wheel=$work/wheel-$commit
 [ -d "$wheel" ] || "$base/bin/pip" wheel -q --no-deps -w "$wheel" "$tree"
 export here commit tree base wheel work
 run_one() {
-  local release=$1 venv="$work/venv-$1" log="$here/compat/results/logs/$1.log"
+  local release=$1 venv="$work/venv-$1" log="$here/compat/results/logs/$1.log" start=$SECONDS
   rm -rf "$venv"
   python3 -m venv --without-pip "$venv"
   # the base's packages (torch, pytest, hypothesis, pip itself) after the release's own
@@ -56,7 +63,7 @@ run_one() {
   then
     cp "$tree/compat/evidence/$release.json" "$here/compat/evidence/$release.json"
     cp "$tree/compat/results/$release.times.json" "$here/compat/results/" 2>/dev/null || true
-    echo "$release ok at $commit: $(tail -1 "$log")"
+    echo "$release ok at $commit, $((SECONDS - start)) s in all: $(tail -1 "$log")"
   else
     echo "$release FAILED (see $log)"
   fi

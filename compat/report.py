@@ -45,7 +45,7 @@ from compat.vocabulary import (  # noqa: E402
 )
 from hfpatch.support import KNOWN_BAD, TESTED, support  # noqa: E402
 
-from matrix import COMPILE_SMOKE, ONCE, ONCE_MARKERS, RELEASES, SAMPLE, TORCH  # noqa: E402
+from matrix import COMPILE_SMOKE, ONCE, ONCE_MARKERS, ONCE_PARAMETERS, RELEASES, SAMPLE, TORCH  # noqa: E402
 
 REGISTRY = dict(hfpatch.registry())
 ARCHS = list(FLAGSHIPS)  # the full suite's columns
@@ -633,7 +633,8 @@ def _one_commit(summary: dict) -> list[str]:
     lines += [
         "",
         f"Mechanics run on SAMPLE only ({', '.join(SAMPLE)}; `compat/matrix.py`): {once}, and the tests "
-        f"marked {', '.join(ONCE_MARKERS)} but the compile smoke ({smoke}); every other test, and the "
+        f"marked {', '.join(ONCE_MARKERS)} but the compile smoke ({smoke}), and the parameters "
+        f"{', '.join(ONCE_PARAMETERS)}; every other test, and the "
         "probe, on every release. *tests* column: *whole suite* (a SAMPLE release, "
         f"{_spans(sample, RELEASES) if sample else 'none yet'}), *per release* "
         f"({_spans(per_release, RELEASES) if per_release else 'none yet'}), *-* (an earlier "

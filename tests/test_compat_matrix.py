@@ -78,6 +78,8 @@ def test_the_sample_spans_the_releases():
         ("tests/test_packed.py::test_compiled_rows", {"compile"}, True),
         ("tests/test_compile.py::test_no_graph_break_of_its_own[llama]", {"compile"}, False),
         ("tests/test_invariant.py::test_any_padding", {"invariant"}, False),
+        ("tests/test_unpad.py::test_rows[gpt2-flex_attention-right]", set(), True),
+        ("tests/test_unpad.py::test_rows[gpt2-sdpa-right]", set(), False),
     ],
 )
 def test_what_runs_once(nodeid, markers, once):
