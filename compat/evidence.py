@@ -73,7 +73,7 @@ def restart(release: str, commit: str, sample: bool) -> dict[str, Any]:
     """A release's evidence begun anew by a one-commit run: nothing of earlier runs is kept."""
     evidence = load("")  # the empty file
     evidence["release"] = release
-    evidence["run"] = {"commit": commit, "tests": "whole suite" if sample else "per release"}
+    evidence["run"] = {"commit": commit, "ran": "whole suite" if sample else "per release"}
     return evidence
 
 

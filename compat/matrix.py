@@ -23,6 +23,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Optional
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -125,6 +126,34 @@ ONCE_MARKERS = ["compile"]
 # use in a process (20 s), whichever test that is (the releases' flex attention: the sample's 4.57-5.24)
 ONCE_PARAMETERS = ["flex_attention"]
 COMPILE_SMOKE = ["tests/test_compile.py::test_no_graph_break_of_its_own"]
+# the probe's tests (FILE::FUNCTION, or FILE::FUNCTION[WORD OF ITS PARAMETERS]) that run on SAMPLE only
+# on the releases before the one named (None: on every release): what each leaves out, and why
+PROBE_ONCE: dict[str, tuple[Optional[str], str]] = {
+    # before 4.36 no release reads the attention a config asks for (config._attn_implementation):
+    # the SDPA tests there run the eager code, the eager tests' twins
+    "tests/test_architectures.py::test_verify_covered_architecture[sdpa]": ("4.36", "no SDPA before 4.36"),
+    "tests/test_architectures.py::test_packed_rows_covered_architecture[sdpa]": (
+        "4.36",
+        "no SDPA before 4.36",
+    ),
+    "tests/test_decoders.py::test_decoder_rows_equal_themselves_alone[sdpa]": ("4.36", "no SDPA before 4.36"),
+    "tests/test_decoders.py::test_decoder_with_a_static_cache_rows_equal_themselves_alone[sdpa]": (
+        "4.36",
+        "no SDPA before 4.36",
+    ),
+    "tests/test_decoders.py::test_decoder_window_is_decided_by_position[sdpa]": (
+        "4.36",
+        "no SDPA before 4.36",
+    ),
+    "tests/test_wrappers.py::test_padded_prefix_continued_equals_each_row_alone[sdpa]": (
+        "4.36",
+        "no SDPA before 4.36",
+    ),
+    "tests/test_wrappers.py::test_left_padded_prompt_equals_each_row_alone[sdpa]": (
+        "4.36",
+        "no SDPA before 4.36",
+    ),
+}
 # not run by the matrix at all
 NOT_IN_MATRIX = {
     "tests/test_compat_report.py": "checks the committed evidence, not the installed release",
@@ -133,17 +162,41 @@ NOT_IN_MATRIX = {
 ONCE_FILES = sorted(path for path in ONCE if "::" not in path)
 
 
-def runs_once(nodeid: str, markers: set[str]) -> bool:
-    """Whether the test ``nodeid`` (with ``markers``) runs on SAMPLE only."""
+def named(nodeid: str, names) -> bool:
+    """Whether one of ``names`` (a folder, a file, a test function, or a function and a word of its
+    parameters: ``FILE::FUNCTION[WORD]``) names the test ``nodeid``."""
     function, _, parameters = nodeid.partition("[")
+    for name in names:
+        path, _, word = name.removesuffix("]").partition("[")
+        if word and word not in parameters:
+            continue
+        if (
+            function == path
+            or function.startswith(path.rstrip("/") + "/")
+            or function.startswith(path + "::")
+        ):
+            return True
+    return False
+
+
+def runs_once(nodeid: str, markers: set[str]) -> bool:
+    """Whether the suite's test ``nodeid`` (with ``markers``) runs on SAMPLE only."""
+    parameters = nodeid.partition("[")[2]
     if any(word in parameters for word in ONCE_PARAMETERS):
         return True
-    if function in COMPILE_SMOKE:
+    if named(nodeid, COMPILE_SMOKE):
         return False
-    if any(function == path or function.startswith(path.rstrip("/") + "/") or
-           function.startswith(path + "::") for path in ONCE):  # fmt: skip
-        return True
-    return bool(markers & set(ONCE_MARKERS))
+    return named(nodeid, ONCE) or bool(markers & set(ONCE_MARKERS))
+
+
+def probe_runs_once(nodeid: str, release: str) -> bool:
+    """Whether the probe's test ``nodeid`` runs on SAMPLE only on ``release`` (:data:`PROBE_ONCE`)."""
+    return named(nodeid, [name for name, (before, _) in PROBE_ONCE.items()
+                          if before is None or _version(release) < _version(before)])  # fmt: skip
+
+
+def _version(release: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in release.split(".")[:3] if part.isdigit())
 
 
 def install_steps(release: str) -> list[list[str]]:
@@ -186,12 +239,13 @@ def pytest_args(release: str, part: str, junit: Path) -> list[str]:
     ``--outside-ranges``) or ``suite`` (PER_RELEASE without the probe tests; on SAMPLE, ONCE too)."""
     common = ["-q", "-p", "no:cacheprovider", "-p", "compat.matrix_plugin", "--tb=short",
               "--hypothesis-profile=matrix", f"--junitxml={junit}"]  # fmt: skip
+    sample = ["--matrix-sample"] if release in SAMPLE else []
     if part == "probe":
-        return [*common, "--matrix-part=probe", "-m", "slow or not slow", "--outside-ranges", *PROBE_FILES]
-    once = release in SAMPLE
-    files = [*PER_RELEASE, *(ONCE_FILES if once else [])]
+        return [*common, "--matrix-part=probe", *sample, "-m", "slow or not slow", "--outside-ranges",
+                *PROBE_FILES]  # fmt: skip
+    files = [*PER_RELEASE, *(ONCE_FILES if sample else [])]
     # the inductor test runs in CI (nox -s ci), not here
-    return [*common, f"--matrix-part={'sample' if once else 'release'}", "-m", "not inductor", *files]
+    return [*common, "--matrix-part=suite", *sample, "-m", "not inductor", *files]
 
 
 def run(release: str, results: Path = RESULTS) -> int:
@@ -241,6 +295,10 @@ def split() -> str:
     lines += [f"SAMPLE only ({', '.join(SAMPLE)}): {path}: {why}" for path, why in ONCE.items()]
     lines += [f"SAMPLE only: the {', '.join(ONCE_MARKERS)} marker, but {', '.join(COMPILE_SMOKE)}"]
     lines += [f"SAMPLE only: parameters naming {', '.join(ONCE_PARAMETERS)}"]
+    lines += [
+        f"the probe, SAMPLE only (before {before}): {name}: {why}"
+        for name, (before, why) in PROBE_ONCE.items()
+    ]
     lines += [f"not in the matrix: {path}: {why}" for path, why in NOT_IN_MATRIX.items()]
     return "\n".join(lines)
 
@@ -248,6 +306,8 @@ def split() -> str:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["releases"]:
         print("\n".join(RELEASES))
+    elif sys.argv[1:2] == ["sample"]:
+        print("\n".join(SAMPLE))
     elif sys.argv[1:2] == ["split"]:
         print(split())
     elif sys.argv[1:2] == ["run"] and len(sys.argv) == 3:

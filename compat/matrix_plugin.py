@@ -1,10 +1,11 @@
 """The release matrix's test selection, a pytest plugin (``-p compat.matrix_plugin``): the split of
 ``compat/matrix.py`` applied to the collected tests.
 
-    --matrix-part=probe    the tests that take the ``probe`` fixture (run with --outside-ranges)
-    --matrix-part=release  every other test, but those that run on SAMPLE only (matrix.runs_once)
-    --matrix-part=sample   every other test (a SAMPLE release: the whole suite)
-    --matrix-part=once     only those that run on SAMPLE only (to time them)
+    --matrix-part=probe    the tests that take the ``probe`` fixture (run with --outside-ranges), but
+                           those that run on SAMPLE only (matrix.probe_runs_once)
+    --matrix-part=suite    every other test, but those that run on SAMPLE only (matrix.runs_once)
+    --matrix-sample        a SAMPLE release: none left out (the whole suite, the whole probe)
+    --matrix-part=once     the suite's tests that run on SAMPLE only, alone (to time them)
 
 Deselected tests are reported as deselected, not skipped: the evidence holds only what ran.
 """
@@ -15,13 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from compat.matrix import ROOT, runs_once
+from compat.matrix import ROOT, probe_runs_once, runs_once
 
-PARTS = ("probe", "release", "sample", "once")
+PARTS = ("probe", "suite", "once")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--matrix-part", choices=PARTS, help="the part of the release matrix to run")
+    parser.addoption("--matrix-sample", action="store_true", help="a SAMPLE release: nothing left out")
 
 
 def _nodeid(item: pytest.Item) -> str:
@@ -31,17 +33,15 @@ def _nodeid(item: pytest.Item) -> str:
     return relative + item.nodeid[item.nodeid.index("::") :] if "::" in item.nodeid else relative
 
 
-def selected(item: pytest.Item, part: str) -> bool:
-    """Whether the matrix's ``part`` runs ``item``."""
+def selected(item: pytest.Item, part: str, sample: bool = False, release: str = "") -> bool:
+    """Whether the matrix's ``part`` runs ``item`` on ``release`` (a SAMPLE release: ``sample``)."""
     probe = "probe" in getattr(item, "fixturenames", ())
     if part == "probe":
-        return probe
+        return probe and (sample or not probe_runs_once(_nodeid(item), release))
     if probe:
         return False
-    if part == "sample":
-        return True
     once = runs_once(_nodeid(item), {mark.name for mark in item.iter_markers()})
-    return once if part == "once" else not once
+    return once if part == "once" else sample or not once
 
 
 @pytest.hookimpl(trylast=True)
@@ -49,9 +49,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     part = config.getoption("--matrix-part")
     if not part:
         return
+    import transformers
+
     keep, drop = [], []
+    sample = config.getoption("--matrix-sample")
     for item in items:
-        (keep if selected(item, part) else drop).append(item)
+        (keep if selected(item, part, sample, transformers.__version__) else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep

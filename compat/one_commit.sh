@@ -49,17 +49,23 @@ if [ ! -x "$base/bin/python" ]; then
 fi
 wheel=$work/wheel-$commit
 [ -d "$wheel" ] || "$base/bin/pip" wheel -q --no-deps -w "$wheel" "$tree"
+python3 "$tree/compat/matrix.py" sample > "$work/sample-$commit"  # (MATRIX_SAMPLE: another)
 export here commit tree base wheel work
 run_one() {
   local release=$1 venv="$work/venv-$1" log="$here/compat/results/logs/$1.log" start=$SECONDS
   rm -rf "$venv"
-  python3 -m venv --without-pip "$venv"
-  # the base's packages (torch, pytest, hypothesis, pip itself) after the release's own
-  "$base/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' \
-    > "$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/matrix-base.pth"
+  : >"$log"
+  if grep -qx "$release" "$work/sample-$commit"; then  # the whole suite: a virtualenv of its own, as
+    python3 -m venv "$venv"                          # users have (a launcher test copies its packages)
+    python3 "$tree/compat/matrix.py" setup "$venv/bin/python" >"$log" 2>&1
+  else  # the base's packages (torch, pytest, hypothesis, pip itself) after the release's own
+    python3 -m venv --without-pip "$venv"
+    "$base/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' \
+      > "$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/matrix-base.pth"
+  fi
   if { python3 "$tree/compat/matrix.py" install "$release" "$venv/bin/python" &&
        "$venv/bin/python" -m pip install -q --no-deps "$wheel"/hfpatch-*.whl &&
-       (cd "$tree" && MATRIX_COMMIT=$commit "$venv/bin/python" compat/matrix.py run "$release"); } >"$log" 2>&1
+       (cd "$tree" && MATRIX_COMMIT=$commit "$venv/bin/python" compat/matrix.py run "$release"); } >>"$log" 2>&1
   then
     cp "$tree/compat/evidence/$release.json" "$here/compat/evidence/$release.json"
     cp "$tree/compat/results/$release.times.json" "$here/compat/results/" 2>/dev/null || true

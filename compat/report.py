@@ -229,7 +229,7 @@ def render(summary: dict) -> str:
         "",
     ]
     header = ["release"] + [f"{arch} {code}" for arch in ARCHS for code in INVARIANTS]
-    header += ["general", "code", "tests"]
+    header += ["general", "code", "ran"]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for release, entry in summary.items():
         if not entry["ran"]:
@@ -244,7 +244,7 @@ def render(summary: dict) -> str:
             row += [show(entry["cells"].get(arch, {}).get(code)) for code in INVARIANTS]
         general = [*entry["cells"].get("any", {}).values(), *entry["cells"].get("", {}).values()]
         row.append("**FAIL**" if any(state == "fail" for state, _ in general) else "pass")
-        row += [_code(entry), entry["run"].get("tests", "-")]
+        row += [_code(entry), entry["run"].get("ran", "-")]
         lines.append("| " + " | ".join(row) + " |")
     lines += ["", "## Randomized cases: wrong on stock transformers vs with hfpatch", ""]
     lines += [
@@ -626,8 +626,8 @@ def _one_commit(summary: dict) -> list[str]:
         )
         lines = [f"**NOT AT ONE COMMIT: {late} of {len(measured)} releases are not at `{main}` alone: "
                  f"{groups}.**"]  # fmt: skip
-    sample = [r for r, e in summary.items() if e["run"].get("tests") == "whole suite"]
-    per_release = [r for r, e in summary.items() if e["run"].get("tests") == "per release"]
+    sample = [r for r, e in summary.items() if e["run"].get("ran") == "whole suite"]
+    per_release = [r for r, e in summary.items() if e["run"].get("ran") == "per release"]
     once = ", ".join(f"`{path}`" for path in ONCE)
     smoke = ", ".join(f"`{test.partition('::')[2]}`" for test in COMPILE_SMOKE)
     lines += [
@@ -635,7 +635,7 @@ def _one_commit(summary: dict) -> list[str]:
         f"Mechanics run on SAMPLE only ({', '.join(SAMPLE)}; `compat/matrix.py`): {once}, and the tests "
         f"marked {', '.join(ONCE_MARKERS)} but the compile smoke ({smoke}), and the parameters "
         f"{', '.join(ONCE_PARAMETERS)}; every other test, and the "
-        "probe, on every release. *tests* column: *whole suite* (a SAMPLE release, "
+        "probe, on every release. *ran* column: *whole suite* (a SAMPLE release, "
         f"{_spans(sample, RELEASES) if sample else 'none yet'}), *per release* "
         f"({_spans(per_release, RELEASES) if per_release else 'none yet'}), *-* (an earlier "
         "run of the whole suite, before the split).",

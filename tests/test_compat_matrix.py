@@ -44,9 +44,15 @@ def test_every_test_file_is_in_the_split_exactly_once(path):
 
 
 def test_the_split_names_only_files_that_exist():
-    named = [*matrix.PER_RELEASE, *matrix.ONCE, *matrix.NOT_IN_MATRIX, *matrix.COMPILE_SMOKE]
+    named = [
+        *matrix.PER_RELEASE,
+        *matrix.ONCE,
+        *matrix.NOT_IN_MATRIX,
+        *matrix.COMPILE_SMOKE,
+        *matrix.PROBE_ONCE,
+    ]
     for node in named:
-        path, _, function = node.partition("::")
+        path, _, function = node.partition("[")[0].partition("::")
         assert (ROOT / path).exists(), node
         if function:
             assert re.search(rf"^def {function}\(", (ROOT / path).read_text(), re.M), node
@@ -86,6 +92,15 @@ def test_what_runs_once(nodeid, markers, once):
     assert matrix.runs_once(nodeid, markers) is once
 
 
+def test_a_name_with_a_word_names_those_parameters_only():
+    names = ["tests/test_architectures.py::test_verify_covered_architecture[eager]"]
+    assert matrix.named("tests/test_architectures.py::test_verify_covered_architecture[gpt2-eager]", names)
+    assert not matrix.named("tests/test_architectures.py::test_verify_covered_architecture[gpt2-sdpa]", names)
+    assert not matrix.named(
+        "tests/test_architectures.py::test_packed_rows_covered_architecture[gpt2-eager]", names
+    )
+
+
 def _item(nodeid: str, fixtures=(), markers=()):
     return SimpleNamespace(
         nodeid=nodeid.removeprefix("tests/"),
@@ -102,24 +117,26 @@ def test_each_part_selects_its_tests():
     heavy = _item(
         "tests/test_compile.py::test_decode_loop_compiles_no_more_graphs_than_stock", markers=["compile"]
     )
-    chosen = {part: [item for item in (probe, cli, smoke, heavy) if matrix_plugin.selected(item, part)]
-              for part in matrix_plugin.PARTS}  # fmt: skip
-    assert chosen == {
-        "probe": [probe],
-        "release": [smoke],
-        "sample": [cli, smoke, heavy],
-        "once": [cli, heavy],
+    items = (probe, cli, smoke, heavy)
+    chosen = {
+        part: [item for item in items if matrix_plugin.selected(item, part)] for part in matrix_plugin.PARTS
     }
+    assert chosen == {"probe": [probe], "suite": [smoke], "once": [cli, heavy]}
+    assert [item for item in items if matrix_plugin.selected(item, "suite", sample=True)] == [
+        cli,
+        smoke,
+        heavy,
+    ]
 
 
 def test_the_two_parts_of_a_release_are_its_pytest_runs():
     probe = matrix.pytest_args(matrix.NEWEST, "probe", Path("p.xml"))
     assert "--outside-ranges" in probe and set(matrix.PROBE_FILES) <= set(probe)
     sample = matrix.pytest_args(matrix.NEWEST, "suite", Path("s.xml"))
-    assert "--matrix-part=sample" in sample and set(matrix.ONCE_FILES) <= set(sample)
+    assert "--matrix-sample" in sample and set(matrix.ONCE_FILES) <= set(sample)
     other = next(release for release in matrix.RELEASES if release not in matrix.SAMPLE)
     per_release = matrix.pytest_args(other, "suite", Path("s.xml"))
-    assert "--matrix-part=release" in per_release and not set(matrix.ONCE_FILES) & set(per_release)
+    assert "--matrix-sample" not in per_release and not set(matrix.ONCE_FILES) & set(per_release)
     assert "--outside-ranges" not in per_release and set(matrix.PER_RELEASE) <= set(per_release)
 
 
@@ -142,14 +159,14 @@ def test_a_one_commit_run_rebuilds_the_release_at_its_commit(tmp_path, monkeypat
     evidence.save(fresh)
     saved = evidence.load("4.40.2")
     assert saved["code"] == {"probe": ["ccccccc"], "suite": ["ccccccc"]}
-    assert saved["run"] == {"commit": "ccccccc", "tests": "per release"}
+    assert saved["run"] == {"commit": "ccccccc", "ran": "per release"}
     assert "test_cli::test_help" not in saved["suite"]
     assert evidence.at_commit("4.40.2") == "ccccccc"
     assert evidence.dumps(saved) == (tmp_path / "4.40.2.json").read_text()
 
 
 def _entry(commits: list[str], tests: str = "") -> dict:
-    return {"code": {"suite": commits[:1], "probe": commits}, "run": {"tests": tests} if tests else {}}
+    return {"code": {"suite": commits[:1], "probe": commits}, "run": {"ran": tests} if tests else {}}
 
 
 def test_the_report_says_when_releases_are_not_at_one_commit():
@@ -220,3 +237,15 @@ def test_the_collapsed_suite_gives_the_same_cells():
         "gpt2 I1 pass x2": ["pass", "gpt2", "I1"],
         "gemma I1 skip0 x1": [0, "gemma", "I1"],
     }
+
+
+def test_the_probe_leaves_out_only_the_sdpa_twins_before_4_36():
+    """Before 4.36 no release reads the attention a config asks for: the SDPA probe tests there run the
+    eager code again; they run on SAMPLE releases only (compat/matrix.py's PROBE_ONCE), nothing else."""
+    sdpa = _item("tests/test_architectures.py::test_verify_covered_architecture[gpt2-sdpa]", ["probe"])
+    eager = _item("tests/test_architectures.py::test_verify_covered_architecture[gpt2-eager]", ["probe"])
+    assert not matrix_plugin.selected(sdpa, "probe", release="4.35.2")
+    assert matrix_plugin.selected(sdpa, "probe", sample=True, release="4.20.1")
+    assert matrix_plugin.selected(sdpa, "probe", release="4.36.2")
+    assert matrix_plugin.selected(eager, "probe", release="4.20.1")
+    assert all(before == "4.36" for before, _ in matrix.PROBE_ONCE.values())
