@@ -13,8 +13,11 @@
     python compat/report.py                 # compat/evidence/ -> compat/REPORT.md
 
 Each matrix session makes (or, with -R, reuses) a virtualenv with torch and that release, installs
-hfpatch from the checkout, runs the whole test suite (JUnit XML into compat/results/, not committed)
-and the stock-vs-hfpatch case count, and merges both into compat/evidence/RELEASE.json.
+hfpatch from the checkout and runs ``python compat/matrix.py run RELEASE``: the probe, the test suite as
+compat/matrix.py splits it (the mechanics on its SAMPLE releases only), the stock-vs-hfpatch case count
+(JUnit XML into compat/results/, not committed), and compat/evidence/RELEASE.json rebuilt from them at
+the checkout's commit ("-dirty" when it has uncommitted changes). The whole matrix at one commit, in
+less time (one shared torch): bash compat/one_commit.sh.
 """
 
 from __future__ import annotations
@@ -63,28 +66,25 @@ def _run_release(session: nox.Session, release: str, strict: bool) -> None:
     _install(session, release)
     RESULTS.mkdir(parents=True, exist_ok=True)
     session.env.update(OMP_NUM_THREADS="1")
-    # the whole suite, slow tests included; the inductor test runs once, on the newest release (ci);
-    # test_compat_report checks the committed report against the declarations: not a per-release test
-    marks = "not inductor" if not strict or release != NEWEST else "slow or not slow"
-    ignored = ["--ignore=tests/test_compat_report.py"]
-    if strict:  # CI (45 minutes on 2 cores): what another step of the same run already ran is not rerun
-        ignored.append("--ignore=tests/test_processes.py")  # the launchers: the integrations session's
-        if os.environ.get("HFPATCH_QUICK_RAN_ON") == release:  # .ci/run's quick suite: this very release
-            marks = "slow"
-    profile = "--hypothesis-profile=matrix" if not strict else "--hypothesis-profile=default"
-    junit = RESULTS / f"{release}.xml"
     session.chdir(ROOT)
+    if not strict:  # the matrix: the probe, the suite split as compat/matrix.py says, the case count,
+        # and compat/evidence/RELEASE.json rebuilt from them at this commit (a failing test is a result)
+        session.run("python", "compat/matrix.py", "run", release)
+        _free_disk(session)
+        return
+    # CI (45 minutes on 2 cores): the whole suite, slow tests included; the inductor test on the newest
+    # release only; what another step of the same run already ran is not rerun; test_compat_report checks
+    # the committed report against the declarations: not a per-release test
+    marks = "not inductor" if release != NEWEST else "slow or not slow"
+    ignored = ["--ignore=tests/test_compat_report.py"]
+    ignored.append("--ignore=tests/test_processes.py")  # the launchers: the integrations session's
+    if os.environ.get("HFPATCH_QUICK_RAN_ON") == release:  # .ci/run's quick suite: this very release
+        marks = "slow"
+    junit = RESULTS / f"{release}.xml"
     session.run(
-        "python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", marks, profile, *ignored,
-        f"--junitxml={junit}", *session.posargs,
-        success_codes=[0] if strict else [0, 1],  # matrix: a failing test is a result for the report
+        "python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", marks,
+        "--hypothesis-profile=default", *ignored, f"--junitxml={junit}", *session.posargs,
     )  # fmt: skip
-    if not strict:  # the evidence: this run's results and the stock-vs-hfpatch counts (CI: the tests only)
-        junit.with_suffix(".commit").write_text(_commit() + "\n")
-        cases = RESULTS / f"{release}.cases.json"
-        session.run("python", "compat/count_cases.py", str(cases))
-        session.run("python", "compat/evidence.py", release, str(junit))
-        session.run("python", "compat/evidence.py", "--cases", release, str(cases))
     _free_disk(session)
 
 
@@ -95,13 +95,6 @@ def _install(session: nox.Session, release: str) -> None:
         session.install(*step)
     session.install(*TEST_DEPENDENCIES)
     session.install("--no-deps", "--force-reinstall", str(ROOT))
-
-
-def _commit() -> str:
-    import subprocess
-
-    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
-    return done.stdout.strip() or "unknown"
 
 
 @nox.session(reuse_venv=True)

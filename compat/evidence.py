@@ -4,8 +4,12 @@ release, made from the JUnit XML the matrix runs write (compat/results/, build o
     python compat/evidence.py RELEASE FILE.xml [...]           # merge full-suite runs into RELEASE's
     python compat/evidence.py --probe RELEASE FILE.xml [...]   # merge probe runs (their probe tests)
     python compat/evidence.py --cases RELEASE FILE.json        # the stock-vs-hfpatch case counts
+    python compat/evidence.py --at-commit RELEASE              # the commit a one-commit run measured
 
-A run's commit is read from FILE.commit beside it (the matrix scripts write it).
+A run's commit is read from FILE.commit beside it (the matrix scripts write it). The one-commit matrix
+(``python compat/matrix.py run RELEASE``, compat/one_commit.sh) rebuilds a release's file from its own
+runs alone (:func:`restart`): its ``run`` says the commit and whether the release ran the whole suite
+(a SAMPLE release) or the per-release tests only.
 
 What a test found is read from the JUnit properties the tests record, never from names or messages:
 
@@ -65,6 +69,55 @@ def load(release: str) -> dict[str, Any]:
     return {"release": release, "code": {"probe": [], "suite": []}, "reasons": [], "probe": {}, "suite": {}}
 
 
+def restart(release: str, commit: str, sample: bool) -> dict[str, Any]:
+    """A release's evidence begun anew by a one-commit run: nothing of earlier runs is kept."""
+    evidence = load("")  # the empty file
+    evidence["release"] = release
+    evidence["run"] = {"commit": commit, "ran": "whole suite" if sample else "per release"}
+    return evidence
+
+
+def collapse_suite(evidence: dict[str, Any]) -> dict[str, Any]:
+    """A one-commit file's suite, compact (the committed evidence stays small: tests/test_compat_report.py):
+    per test function, one entry per distinct result, keyed by its flagship, invariant, outcome and how
+    many tests gave it ("gpt2 I1 pass x12"). The report reads nothing finer (a cell is its tests' worst,
+    or its skips' reason); each test's own result is in the run's JUnit XML (compat/results/). Unused skip
+    reasons are dropped, and so are the skips of a column (flagship, invariant) where some test ran: the
+    cell is then what ran."""
+    ran = {(row[1], row[2]) for entries in evidence["suite"].values() for row in entries.values()
+           if not isinstance(row[0], int)}  # fmt: skip
+    used: dict[int, int] = {}
+    grouped: dict[str, dict[tuple, int]] = {}
+    for function, entries in evidence["suite"].items():
+        counts = grouped.setdefault(function, {})
+        for row in entries.values():
+            if isinstance(row[0], int) and (row[1], row[2]) in ran:
+                continue
+            counts[tuple(row)] = counts.get(tuple(row), 0) + 1
+            if isinstance(row[0], int):
+                used.setdefault(row[0], len(used))
+    reasons = [evidence["reasons"][index] for index in sorted(used, key=used.get)]
+    suite: dict[str, dict[str, list]] = {}
+    for function, counts in grouped.items():
+        for row, count in counts.items():  # a function none of whose rows is kept is left out
+            outcome = f"skip{used[row[0]]}" if isinstance(row[0], int) else row[0]
+            row = (used[row[0]], *row[1:]) if isinstance(row[0], int) else row
+            key = f"{row[1] or '-'} {row[2] or '-'} {outcome} x{count}"
+            suite.setdefault(function, {})[key] = list(row)
+    evidence["suite"], evidence["reasons"] = suite, reasons
+    return evidence
+
+
+def at_commit(release: str) -> Optional[str]:
+    """The commit a one-commit run measured ``release`` at (None: not such a run, or mixed)."""
+    evidence = load(release)
+    commit = evidence.get("run", {}).get("commit")
+    code = evidence.get("code", {})
+    if commit and code.get("probe") == [commit] and code.get("suite") == [commit] and evidence.get("cases"):
+        return commit
+    return None
+
+
 def merge(
     evidence: dict[str, Any], records: list[dict[str, Any]], commit: Optional[str], probe_only: bool = False
 ) -> dict[str, Any]:
@@ -115,7 +168,7 @@ def _number(value: Optional[str]) -> Optional[float]:
 def dumps(evidence: dict[str, Any]) -> str:
     """The file's text: one test function a line group, one entry a line, keys sorted."""
     lines = ["{"]
-    head = {key: evidence[key] for key in ("release", "source", "code", "cases") if key in evidence}
+    head = {key: evidence[key] for key in ("release", "source", "run", "code", "cases") if key in evidence}
     for key, value in head.items():
         lines.append(f" {json.dumps(key)}: {json.dumps(value, sort_keys=True)},")
     reasons = ",\n".join(f"  {json.dumps(reason)}" for reason in evidence["reasons"])
@@ -144,6 +197,9 @@ def save(evidence: dict[str, Any]) -> Path:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--at-commit"] and len(argv) == 2:  # the commit a one-commit run measured it at
+        print(at_commit(argv[1]) or "")
+        return 0
     if argv[:1] == ["--cases"] and len(argv) == 3:
         evidence = load(argv[1])
         evidence["cases"] = json.loads(Path(argv[2]).read_text())
