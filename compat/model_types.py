@@ -18,12 +18,8 @@ from pathlib import Path
 from matrix import RELEASES
 
 HERE = Path(__file__).resolve().parent
-MAPPINGS = (
-    "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
-    "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
-    "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES",
-    "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES",
-)
+sys.path.insert(0, str(HERE.parent))
+from hfpatch.support import MAPPINGS  # noqa: E402 (the mappings status() answers for: one list)
 
 
 def mapped(wheel: Path) -> set[str]:

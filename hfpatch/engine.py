@@ -52,6 +52,7 @@ from .states import (
     AdapterStatus,
     Status,
     nearest,
+    new_types,
     table,
 )
 from .support import (
@@ -368,6 +369,7 @@ def status() -> Status:
     with _lock:
         version = installed_transformers()
         entries = table(_registry, _states, _undeclared, _left_alone, version)
+        entries += new_types(version, [entry.arch for entry in entries])
         pinned = any(state.pin.pinned for state in _states.values())
         how = "; ".join(_applied_by) or ("hfpatch.apply() in this program" if pinned else "")
         unpadded = {"on": UNPAD[0], **UNPADDED}

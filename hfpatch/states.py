@@ -14,7 +14,17 @@ from . import custom
 from ._context import CALL, PACKED, Pin
 from .declarations import NOT_COVERED, Adapter, Undeclared
 from .patches import Patch
-from .support import CUSTOM, UNVERIFIED, Support, in_range, support
+from .support import (
+    CUSTOM,
+    NEW_TYPE,
+    NEWEST_TESTED,
+    UNTESTED_NEWER,
+    UNVERIFIED,
+    Support,
+    in_range,
+    newer_types,
+    support,
+)
 
 __all__ = [
     "APPLIED",
@@ -258,6 +268,15 @@ def packed_undeclared(entry: Undeclared, answers: Mapping[str, str]) -> str:
     if own.startswith("yes"):
         return f"yes: by its language model, which the {name!r} adapter patches {own[3:].strip()}"
     return f"no: its language model's ({name!r}): {own.removeprefix('no: ')}"
+
+
+def new_types(version: Any, known: list[str]) -> tuple[AdapterStatus, ...]:
+    """The entries of a newer release's model types that no tested release has: not covered."""
+    why = NEW_TYPE.format(version=version, newest=NEWEST_TESTED)
+    return tuple(
+        AdapterStatus(arch, "", "", NOT_COVERED, why, UNTESTED_NEWER, "no: hfpatch does not patch it")
+        for arch in newer_types(version, known)
+    )
 
 
 def table(

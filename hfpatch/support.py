@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import operator
 import sys
+from collections.abc import Iterable
 from functools import cache
 from importlib import metadata
 from typing import Any, NamedTuple, Optional
@@ -20,7 +21,9 @@ from packaging.version import InvalidVersion, Version
 __all__ = [
     "CUSTOM",
     "KNOWN_BAD",
+    "MAPPINGS",
     "NEWEST_TESTED",
+    "NEW_TYPE",
     "OUTSIDE",
     "TESTED",
     "UNTESTED_NEWER",
@@ -28,6 +31,7 @@ __all__ = [
     "Support",
     "in_range",
     "installed_transformers",
+    "newer_types",
     "release_has",
     "support",
     "wrong_with",
@@ -41,6 +45,32 @@ KNOWN_BAD = "known-bad"
 UNVERIFIED = "unverified"
 CUSTOM = "custom"  # a class outside transformers, recognised and checked at run time (hfpatch.custom)
 OUTSIDE = "outside"
+
+
+# the mappings whose model types ``status()`` lists (compat/model_types.py reads the same ones per release)
+MAPPINGS = (
+    "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
+    "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
+    "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES",
+    "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES",
+)
+NEW_TYPE = (
+    "new in transformers {version}, after the newest tested release ({newest}): not measured, not patched"
+)
+
+
+def newer_types(version: Optional[Version], known: Iterable[str]) -> list[str]:
+    """On a release newer than :data:`NEWEST_TESTED`, the model types of its mappings that no tested
+    release has (``known``: the types hfpatch declares); none on a tested release (nothing imported)."""
+    if version is None or version <= _version(NEWEST_TESTED):
+        return []
+    try:
+        from transformers.models.auto import modeling_auto
+    except Exception:  # noqa: BLE001 (a broken install: status() still answers for the rest)
+        return []
+    known = set(known)
+    found = (arch for name in MAPPINGS for arch in getattr(modeling_auto, name, {}))
+    return sorted(arch for arch in dict.fromkeys(found) if arch not in known)
 
 
 @cache

@@ -149,7 +149,8 @@ def test_status_lists_every_model_type_of_every_tested_release():
     assert all(entry.state and entry.reason for entry in status.values())
     mapped = json.loads((Path(__file__).parent.parent / "compat" / "model_types.json").read_text())
     assert not set(mapped) - set(status), f"declare them: {sorted(set(mapped) - set(status))}"
-    declared = {entry.arch for entry in status.values() if entry.support != "custom"}  # (classes of users')
+    # (classes of users', and a newer release's new types)
+    declared = {entry.arch for entry in status.values() if entry.support not in ("custom", "untested newer")}
     assert not declared - set(mapped), f"status() lists unknown model types: {sorted(declared - set(mapped))}"
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
@@ -159,6 +160,26 @@ def test_status_lists_every_model_type_of_every_tested_release():
         pytest.skip(f"the table of model types is measured on {NEWEST_TESTED} (installed: {TF})")
     for model_type in NOT_DECODER_ONLY:  # encoders with an LM head, listed as not covered
         assert status[model_type].state == "not covered", status[model_type]
+
+
+def test_status_answers_for_a_newer_releases_new_model_types(monkeypatch):
+    """On a release newer than the newest tested, a model type no tested release maps gets an entry (not
+    covered, untested newer; it raised KeyError): here, the installed release read as 99.0, and one of its
+    types taken out of what hfpatch knows."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    from hfpatch import engine, states
+
+    known = [entry.arch for entry in hfpatch.status().values()]
+    assert all(arch in known for arch in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)  # (a tested release: none new)
+    assert not states.new_types(Version(NEWEST_TESTED), [])  # (nothing listed, nothing imported)
+    newest = Version("99.0")
+    monkeypatch.setattr(engine, "installed_transformers", lambda: newest)
+    assert len(hfpatch.status()) == len(known)
+    left_out = next(iter(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES))
+    [entry] = states.new_types(newest, [arch for arch in known if arch != left_out])
+    assert (entry.arch, entry.state, entry.support) == (left_out, "not covered", "untested newer"), entry
+    assert "new in transformers 99.0" in entry.reason and entry.packed.startswith("no: "), entry
 
 
 @pytest.mark.parametrize("model_type", ["mamba", "lfm2"])
