@@ -45,7 +45,16 @@ from compat.vocabulary import (  # noqa: E402
 )
 from hfpatch.support import KNOWN_BAD, TESTED, support  # noqa: E402
 
-from matrix import COMPILE_SMOKE, ONCE, ONCE_MARKERS, ONCE_PARAMETERS, RELEASES, SAMPLE, TORCH  # noqa: E402
+from matrix import (  # noqa: E402
+    COMPILE_SMOKE,
+    ONCE,
+    ONCE_MARKERS,
+    ONCE_PARAMETERS,
+    PROBE_ONCE,
+    RELEASES,
+    SAMPLE,
+    TORCH,
+)
 
 REGISTRY = dict(hfpatch.registry())
 ARCHS = list(FLAGSHIPS)  # the full suite's columns
@@ -634,8 +643,13 @@ def _one_commit(summary: dict) -> list[str]:
         "",
         f"Mechanics run on SAMPLE only ({', '.join(SAMPLE)}; `compat/matrix.py`): {once}, and the tests "
         f"marked {', '.join(ONCE_MARKERS)} but the compile smoke ({smoke}), and the parameters "
-        f"{', '.join(ONCE_PARAMETERS)}; every other test, and the "
-        "probe, on every release. *ran* column: *whole suite* (a SAMPLE release, "
+        f"{', '.join(ONCE_PARAMETERS)}; the probe's "
+        + "; ".join(
+            f"`{name.partition('::')[2]}`" + (f" before {before}" if before else "") + f" ({why})"
+            for name, (before, why) in PROBE_ONCE.items()
+        )
+        + "; every other test, and the rest of the probe, on every release. *ran* column: *whole suite* "
+        "(a SAMPLE release, "
         f"{_spans(sample, RELEASES) if sample else 'none yet'}), *per release* "
         f"({_spans(per_release, RELEASES) if per_release else 'none yet'}), *-* (an earlier "
         "run of the whole suite, before the split).",
