@@ -116,7 +116,8 @@ def test_each_packed_sequence_gets_its_own_logits(arch, attention, layout):
     if kept_here(arch):
         logits, spans, _ = run_layout(model, layout)
         assert worst(model, logits, spans) <= TOLERANCE
-        if layout != "no mask, use_cache=False" or TF < Version("4.57"):  # (5.x: transformers' own is exact)
+        # (no mask and no cache: transformers' own packed rows, masking_utils' from 4.53, are exact there)
+        if layout != "no mask, use_cache=False" or TF < Version("4.53"):
             with stock():
                 wrong, _, _ = run_layout(model, layout)
             assert worst(model, wrong, spans) > WRONG, "stock is right here: the test shows nothing"
