@@ -27,7 +27,12 @@ __all__ = [
 # ``if not isinstance(causal_mask_mapping := attention_mask, dict):``, whatever the name
 # (the walrus in parentheses too: ast.unparse writes it so)
 _TAKES_DICT = re.compile(r"isinstance\(\s*\(?\s*\w+\s*:=\s*attention_mask\s*\)?\s*,\s*dict\s*\)")
-_AS_GIVEN = re.compile(r"(?:dim\(\)|ndim) == 4:(?:\s*#[^\n]*)*\s*causal_mask = attention_mask\b")
+# (4.41-4.43 first check the mask is additive: ``if attention_mask.max() != 0: raise ValueError(...)``)
+_AS_GIVEN = re.compile(
+    r"(?:dim\(\)|ndim) == 4:(?:\s*#[^\n]*)*"
+    r"(?:\s*if attention_mask\.max\(\) != 0:\s*raise ValueError\([^\n]*\))?"
+    r"\s*causal_mask = attention_mask\b"
+)
 _NONE_CHECK = re.compile(r"\bposition_ids\s+is\s+(not\s+)?None\b")
 # a call of masking_utils' mask functions that passes the positions (or a dict of their arguments with them)
 # (or the one it picked: ``mask_function = create_causal_mask if ... else create_sliding_window_causal_mask``)

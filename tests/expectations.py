@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 ABSOLUTE = "gpt2"  # the most position-sensitive flagship: left padding in one call is wrong on stock too
 # the first release where each flagship's packed rows (positions that restart) are kept to their sequences:
 # its mask code takes a 4-D mask from there (tests/test_packed.py; the probe's packed cells: compat/REPORT.md)
-PACKED_FROM = {"gemma": "4.38", "llama": "4.38", "gpt2": "4.52"}
+PACKED_FROM = {"gemma": "4.39", "llama": "4.39", "gpt2": "4.52"}  # (4.38.2 takes no 4-D mask)
 
 # by Family.name: whether left padding in one call is wrong on stock (absolute positions, or a rotary
 # decoder whose queries meet un-rotated encoder keys in one softmax); a uniform rotary shift cancels, and

@@ -421,9 +421,14 @@ def test_generate_with_left_padded_decoder_prompts(name, cache):
                     error = max(error, float("inf"))  # another token: the rest is not comparable
         return error
 
+    try:
+        with stock():
+            on_stock = worst()
+    except (KeyError, ValueError) as exc:  # (4.52-4.54: static caches of some encoder-decoders, on stock)
+        with pytest.raises(type(exc)):
+            worst()
+        pytest.skip(f"{name}: generate() with a {cache} cache raises on stock {TF} too: {exc!r:.120}")
     patched = worst()
-    with stock():
-        on_stock = worst()
     assert patched <= TOLERANCE, f"{name}: hfpatch {patched:.2g}, stock {on_stock:.2g}"
     # absolute positions, counted from cache columns: the steps after a left-padded prompt count its pads
     wrong_on_stock = {"whisper": in_range(">=5.3,<5.16", TF), "bart": True, "m2m_100": True, "t5": False}

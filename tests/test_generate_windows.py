@@ -56,6 +56,10 @@ def _prefix_cache(model: Any, ids: list, mask: list, beams: int = 1) -> Any:
     with torch.no_grad():
         out = model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask), use_cache=True)
     cache = copy.deepcopy(out.past_key_values)
+    if isinstance(cache, tuple):  # (4.42-4.47 return the legacy form to a call that passed no cache)
+        from transformers import DynamicCache
+
+        cache = DynamicCache.from_legacy_cache(cache)
     if beams > 1:
         cache.batch_repeat_interleave(beams)  # generate() expands the inputs, not a cache it is given
     return cache
