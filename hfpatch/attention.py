@@ -223,20 +223,22 @@ def module_rows(module: Any) -> list[Patch]:
 
 
 def _own_interface(mapping: Any) -> Any:
-    """A module's own attention mapping over ``mapping`` (what it had), whose ``sdpa`` runs by layout."""
-    own = getattr(mapping, "_local_mapping", {})  # (a module that overrides an entry already: kept)
-    registry = getattr(type(mapping), "_global_mapping", mapping)
-    if not isinstance(registry, dict) or not isinstance(own, dict) or "sdpa" not in {**registry, **own}:
+    """A module's own attention mapping over ``mapping`` (what it had: transformers' interface, or
+    4.48-4.51's dict), whose ``sdpa`` runs by layout over ``mapping["sdpa"]`` as it is at each call; every
+    other entry read from ``mapping`` at each call too (a function a program registers, or sets on it,
+    after ``apply()`` reaches the module as without hfpatch)."""
+    try:
+        sdpa = by_layout(mapping["sdpa"], "sdpa", mapping)
+    except (KeyError, TypeError):  # (no SDPA entry: nothing to run by layout)
         return None
-
-    table = own if "sdpa" in own else registry  # (where the module had its own SDPA, that one)
-    sdpa = by_layout(table["sdpa"], "sdpa", table)
     if isinstance(mapping, dict):  # 4.48-4.51: the registry is a dict its modules read by key
         made: Any = ChainMap({"sdpa": sdpa}, mapping)
-    else:
+    else:  # an interface of its own whose entries are ``sdpa``, then the mapping's own, then the registry's
+        own = getattr(mapping, "_local_mapping", None)
+        if not isinstance(own, dict):
+            return None
         made = type(mapping)()
-        made._local_mapping.update(own)
-        made["sdpa"] = sdpa
+        made._local_mapping = ChainMap({"sdpa": sdpa}, own)
     try:
         made.__hfpatch_by_layout__ = True
     except AttributeError:  # (a ChainMap takes attributes: this is for an interface that does not)

@@ -171,3 +171,54 @@ def test_flex_attention_gets_its_block_mask_from_the_layout(window):
     with Largest() as seen:
         _block_mask(torch.ones(1, total, dtype=torch.bool), positions, segment_ids, window, None)
     assert seen.most <= 4 * total, (seen.most, seen.op)
+
+
+def test_the_attention_functions_are_the_modules_own():
+    """The by-sequence SDPA reaches a patched module through an attention interface of its own: transformers'
+    process-wide registry keeps its functions (a model hfpatch does not patch never meets hfpatch's), the
+    module's interface is its own while applied and transformers' again after ``revert()``, and a function a
+    program sets on transformers' interface after ``apply()`` reaches the patched module's calls as it
+    would without hfpatch (every entry is read at each call)."""
+    if TF < Version("4.48"):
+        pytest.skip(f"no attention functions before 4.48 (installed {TF})")
+    import importlib
+
+    from transformers import modeling_utils
+
+    registry = modeling_utils.ALL_ATTENTION_FUNCTIONS
+    module = importlib.import_module("transformers.models.llama.modeling_llama")
+    before = registry["sdpa"]
+    hfpatch.revert()
+    assert module.ALL_ATTENTION_FUNCTIONS is registry
+    hfpatch.apply()
+    model = model_of("llama", "sdpa")  # (imports and patches the module)
+    assert module.ALL_ATTENTION_FUNCTIONS is not registry and registry["sdpa"] is before
+    calls = []
+
+    def spy(*args, **kwargs):
+        calls.append(args[4] is None or type(args[4]).__name__)
+        return before(*args, **kwargs)
+
+    rows = rows_of((5, 3))
+    kwargs = {
+        "input_ids": torch.tensor([sum(rows, [])]),
+        "position_ids": torch.cat([torch.arange(len(row)) for row in rows])[None],
+    }
+    registry["sdpa"] = spy
+    try:
+        with torch.no_grad():
+            padded = model(input_ids=torch.tensor([rows[0]])).logits  # no packed row: the spy, as it is
+            assert calls and "Carrier" not in calls, calls
+            calls.clear()
+            packed = model(**kwargs).logits  # a packed row: by sequence over the spy
+    finally:
+        registry["sdpa"] = before
+    assert calls and "Carrier" not in calls, calls  # (each group's own mask, never the carrier)
+    assert (padded[0] - alone(model, rows[0])).abs().max() <= TOLERANCE
+    for got, row in zip(packed[0].split([len(row) for row in rows]), rows):
+        assert (got - alone(model, row)).abs().max() <= TOLERANCE
+    hfpatch.revert()
+    try:
+        assert module.ALL_ATTENTION_FUNCTIONS is registry
+    finally:
+        hfpatch.apply()
