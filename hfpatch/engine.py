@@ -369,11 +369,11 @@ def status() -> Status:
     with _lock:
         version = installed_transformers()
         entries = table(_registry, _states, _undeclared, _left_alone, version)
-        entries += new_types(version, [entry.arch for entry in entries])
         pinned = any(state.pin.pinned for state in _states.values())
         how = "; ".join(_applied_by) or ("hfpatch.apply() in this program" if pinned else "")
         unpadded = {"on": UNPAD[0], **UNPADDED}
-        return Status(str(version) if version else None, entries, how, SHADOW_COUNTS, unpadded)
+    entries += new_types(version, [entry.arch for entry in entries])  # (an import: outside the lock)
+    return Status(str(version) if version else None, entries, how, SHADOW_COUNTS, unpadded)
 
 
 def applied_by(how: str) -> None:
