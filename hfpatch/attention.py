@@ -67,9 +67,6 @@ class Sequences(NamedTuple):
     real: Tensor
     segment_ids: Tensor
 
-    def longest(self) -> int:
-        return max(index.shape[1] for index, _ in self.parts)
-
 
 class ByLayout(NamedTuple):
     """A layer type's mask, given as the call's layout: its sequences, and the layer's window and chunk

@@ -54,14 +54,7 @@ def real(tensor: torch.Tensor, mask: torch.Tensor, r: int) -> torch.Tensor:
 
 @pytest.fixture(params=["gpt2", "llama"])
 def arch(request) -> str:
-    if arch_skip_reason(request.param):
-        pytest.skip(arch_skip_reason(request.param))
-    if not hfpatch.status()[request.param].packed.startswith("yes") and request.param in hfpatch.status():
-        import importlib
-
-        importlib.import_module(hfpatch.registry()[request.param].module)
-    if not hfpatch.status()[request.param].packed.startswith("yes"):
-        pytest.skip(f"{request.param}'s packed rows are not kept in transformers {TF}: no unpadding")
+    _kept_here(request.param)
     return request.param
 
 
