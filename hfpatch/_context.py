@@ -59,6 +59,7 @@ class _Call(threading.local):
     unpad: Optional[bool] = None
     unpadding: bool = False
     generating: Any = None  # the 2-D mask generate() is about to pass (apply(unpad=True): its last column)
+    mixing: Any = None  # the call's sequences, for its layers that carry a state (hfpatch.mixers.Runs)
     watching: bool = False  # inside a watched call, or a watcher's own work: not watched again
 
 
@@ -257,8 +258,8 @@ class _Carrying:
         self.checkpoint = checkpoint
 
     def __call__(self, function: Callable, *args: Any, **kwargs: Any) -> Any:
-        saved = (CALL.overrides, CALL.eager_mask, CALL.pending)
-        if saved == (None, False, None):  # nothing to carry: the function as it is
+        saved = (CALL.overrides, CALL.eager_mask, CALL.pending, CALL.mixing)
+        if saved == (None, False, None, None):  # nothing to carry: the function as it is
             return self.checkpoint(function, *args, **kwargs)
         return self.checkpoint(_WithContext(function, saved), *args, **kwargs)
 
@@ -270,13 +271,13 @@ class _WithContext:
         self.function, self.saved = function, saved
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        overrides, eager_mask, pending = self.saved
-        before = (CALL.eager_mask, CALL.pending)
+        overrides, eager_mask, pending, mixing = self.saved
+        before = (CALL.eager_mask, CALL.pending, CALL.mixing)
         previous = open_block(overrides) if overrides is not None else None
-        CALL.eager_mask, CALL.pending = eager_mask, pending
+        CALL.eager_mask, CALL.pending, CALL.mixing = eager_mask, pending, mixing
         try:
             return self.function(*args, **kwargs)
         finally:
-            CALL.eager_mask, CALL.pending = before
+            CALL.eager_mask, CALL.pending, CALL.mixing = before
             if overrides is not None:
                 close_block(previous)

@@ -17,8 +17,11 @@ The rows of an adapter, in order:
    reaches them (:mod:`hfpatch.attention`: module-scoped, shared by the module's adapters), and the
    forward of the task heads of its module that would drop a packed row's lengths or positions (4.57's
    GPT-2 heads, 5.x's BLOOM heads);
-7. where the hand-off runs inside a layer, the checkpoint function of the module's checkpointing
-   classes, which carries the call's context into a layer's recomputation (:mod:`hfpatch._context`).
+7. where its module has layers that carry a state (:mod:`hfpatch.mixers`), each such class's ``forward``,
+   which runs a call's sequences alone where its context says;
+8. where the hand-off runs inside a layer (or a state layer reads the call's sequences), the checkpoint
+   function of the module's checkpointing classes, which carries the call's context into a layer's
+   recomputation (:mod:`hfpatch._context`).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from .attention import module_rows
 from .declarations import Adapter
 from .decoders import HANDS_TO, receiver
 from .forward import make_forward, packed_support, recording_generated_masks, why_padded_here
+from .mixers import mixer_rows
 from .packed import handing_on, task_heads, warning_of_packed_rows
 from .patches import ABSENT, Patch
 from .plans import read_plan
@@ -92,6 +96,9 @@ def build(adapter: Adapter, module: Any, pin: Pin) -> tuple[Patch, ...]:
     rows.extend(row for row in shared if row is not None)  # (every adapter's: the ledger counts them)
     if keeps:  # its module's attention functions, by sequence where a packed row's layout reaches them
         rows.extend(module_rows(module))
+    mixes = plan.masks is not None and plan.masks.mixers
+    if mixes:  # its layers that carry a state, by sequence where a call's sequences say (hfpatch.mixers)
+        rows.extend(mixer_rows(module))
     unpads = why_padded_here(adapter, plan) is None
     for head in heads:  # (where they are not kept, a head that drops a packed row's inputs drops them)
         hands_on = head.drops and keeps
@@ -102,7 +109,7 @@ def build(adapter: Adapter, module: Any, pin: Pin) -> tuple[Patch, ...]:
             )
         if replacement is not head.forward:  # (on the head's class itself, where it inherits its forward)
             rows.append(Patch(head.cls, "forward", head.own, replacement))
-    if hands_to is not None and HANDS_TO[hands_to].inside_layers:
+    if mixes or (hands_to is not None and HANDS_TO[hands_to].inside_layers):
         for cls in _checkpointing_classes(module, owner):
             before = cls.__dict__.get(CHECKPOINT_FUNCTION, ABSENT)
             rows.append(Patch(cls, CHECKPOINT_FUNCTION, before, CarryContext(CHECKPOINT_FUNCTION)))

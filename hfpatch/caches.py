@@ -14,6 +14,7 @@ Three families, told apart by what the object has, never by the release number:
 
 from __future__ import annotations
 
+import copy
 import functools
 import types
 from typing import Any, Optional, Union
@@ -91,6 +92,7 @@ def _read_capacity(cache: Any) -> int:
     cache = own(cache)
     layers = _layers(cache)
     if layers is not None:  # sliding-window layers hold fewer slots: the cache's length is the longest
+        layers = [layer for layer in layers if _attends(layer)]  # (not a state layer's, nor a dummy)
         if not len(layers) or getattr(layers[0], "max_cache_len", None) is None:
             return 0  # growing layers (DynamicCache, whose layers may be added later)
         size = 0
@@ -337,4 +339,154 @@ def own(cache: Any) -> Any:
 
 
 def _first_layer_attr(layers: Any, name: str) -> Any:
-    return getattr(layers[0], name, None) if len(layers) else None
+    """``name`` of the first layer that holds keys (5.x's linear-attention layers hold a state alone)."""
+    for layer in layers:  # (the first, but where a model's first layers carry a state or hold none)
+        if _attends(layer):
+            return getattr(layer, name, None)
+    return None
+
+
+def _attends(layer: Any) -> bool:
+    """A cache layer that holds an attention's keys (not a state layer's states alone, nor a dummy)."""
+    return hasattr(layer, "keys") and hasattr(layer, "get_seq_length")
+
+
+# --- the states of layers that carry one from token to token (hfpatch.mixers) -------------------------
+
+# a 5.x linear-attention cache layer's per-state dicts (``{state index: tensor}``), and its flags
+LAYER_STATES = ("conv_states", "recurrent_states")
+LAYER_FLAGS = ("is_conv_states_initialized", "is_recurrent_states_initialized", "has_previous_state")
+# a cache's per-layer lists of states (4.x hybrid caches; MiniMax's ``linear_cache``)
+STATE_LISTS = ("conv_states", "ssm_states", "recurrent_states", "conv_cache", "linear_cache")
+
+
+def _linear_layer(cache: Any, layer: int) -> Any:
+    """A 5.x cache's linear-attention layer object at ``layer`` (its states in dicts), or None."""
+    layers = getattr(cache, "layers", None)
+    if isinstance(layers, list) and layer < len(layers):
+        found = layers[layer]
+        if isinstance(getattr(found, "conv_states", None), dict):
+            return found
+    return None
+
+
+def group_cache(cache: Any, layer: int, source: Optional[torch.Tensor], size: int) -> Any:
+    """A stand-in for ``cache`` that a mixer of layer ``layer`` reads and writes for one group of ``size``
+    sequences (:mod:`hfpatch.mixers`): the same object but for that layer's states, which are the rows
+    ``source`` of the cache's (each sequence continues its row) or fresh ones (None: each starts anew).
+    None for a cache whose layer records its past (speculative decoding's rollback: its states grow)."""
+    proxy = copy.copy(cache)
+    own = _linear_layer(cache, layer)
+    if own is not None:
+        if getattr(own, "record_past", False):
+            return None
+        mine = copy.copy(own)
+        mine.__dict__.update(
+            (
+                k,
+                dict(v)
+                if isinstance(v, dict)
+                else v.clone()
+                if isinstance(v, torch.Tensor) and v.dim() == 0
+                else v,
+            )
+            for k, v in vars(own).items()
+        )  # (its dicts, its 0-d count: its own)
+        for name in LAYER_STATES:
+            states = getattr(mine, name)
+            for i, state in states.items():
+                fresh = source is None or not isinstance(state, torch.Tensor)
+                states[i] = None if fresh else state.index_select(0, source)
+        if source is None:
+            for name in LAYER_FLAGS:
+                flags = getattr(mine, name, None)
+                if isinstance(flags, dict):
+                    flags.update(dict.fromkeys(flags, False))
+        proxy.layers = [*cache.layers[:layer], mine, *cache.layers[layer + 1 :]]
+        return proxy
+    for name in STATE_LISTS:
+        states = getattr(cache, name, None)
+        if isinstance(states, list) and layer < len(states):
+            state = states[layer]
+            if (
+                isinstance(state, torch.Tensor) and state.dim() and state.shape[0]
+            ):  # (else: made at first use)
+                state = (
+                    state.new_zeros(size, *state.shape[1:])
+                    if source is None
+                    else state.index_select(0, source)
+                )
+            setattr(proxy, name, [*states[:layer], state, *states[layer + 1 :]])
+    return proxy
+
+
+def layer_states(cache: Any, layer: int) -> dict[tuple[str, Any], torch.Tensor]:
+    """The states of layer ``layer`` a (stand-in) cache holds, by where they go: ``(dict name, state
+    index)`` of a 5.x linear-attention layer, ``(list name, None)`` of a 4.x cache's lists."""
+    own = _linear_layer(cache, layer)
+    found = {}
+    if own is not None:
+        for name in LAYER_STATES:
+            for i, state in getattr(own, name).items():
+                if isinstance(state, torch.Tensor):
+                    found[(name, i)] = state
+        return found
+    for name in STATE_LISTS:
+        states = getattr(cache, name, None)
+        if isinstance(states, list) and layer < len(states) and isinstance(states[layer], torch.Tensor):
+            found[(name, None)] = states[layer]
+    return found
+
+
+def put_states(cache: Any, layer: int, kept: list, rows: int, tokens: int) -> None:
+    """Write the states each group of sequences ended with (``kept``: ``(layer_states(...), members,
+    cache rows)``) into ``cache``'s rows of layer ``layer`` (``rows`` of them: a state the cache has not
+    made yet is made, zeros elsewhere), as the layer would have written them running the rows itself;
+    a 5.x layer's flags and its count of tokens (``tokens`` more) too."""
+    own = _linear_layer(cache, layer)
+    for states, members, at in kept:
+        for (name, i), state in states.items():
+            chosen = state.index_select(0, members)
+            holder = getattr(own, name) if own is not None else getattr(cache, name)
+            key = i if own is not None else layer
+            current = holder[key]
+            if not isinstance(current, torch.Tensor) or tuple(current.shape) != (rows, *state.shape[1:]):
+                current = state.new_zeros(rows, *state.shape[1:])
+                holder[key] = current
+            current.index_copy_(0, at, chosen.to(current.dtype))
+            if own is not None:
+                for flag in LAYER_FLAGS:
+                    if name[:4] in flag or flag == "has_previous_state":
+                        getattr(own, flag)[i] = True
+    if own is not None:
+        if isinstance(getattr(own, "cumulative_length_linear", None), torch.Tensor):
+            own.cumulative_length_linear.add_(tokens)
+        for state in (s for states, _, _ in kept for s in states.values()):
+            own.dtype, own.device = own.dtype or state.dtype, own.device or state.device
+            break
+        sizes = getattr(own, "conv_kernel_size", None)
+        if isinstance(sizes, dict):
+            for states, _, _ in kept:
+                for (name, i), state in states.items():
+                    if name == "conv_states" and sizes.get(i) is None:
+                        sizes[i] = state.shape[-1]
+
+
+def state_length(cache: Any) -> Optional[int]:
+    """Tokens a growing cache of a model with state layers holds before a call (0 for none), read from its
+    attention layers or, where it has none, from its state layers' count (5.25) or whether they hold a
+    state (0 or None: not known)."""
+    if cache is None:
+        return 0
+    try:
+        return past_length(cache)
+    except (ValueError, AttributeError, IndexError, TypeError):  # (5.24: a cache of state layers alone)
+        pass
+    for layer in getattr(cache, "layers", None) or ():
+        count = getattr(layer, "cumulative_length_linear", None)
+        if isinstance(count, torch.Tensor):
+            return int(count)
+        flags = getattr(layer, "has_previous_state", None)
+        if isinstance(flags, dict):
+            return None if any(flags.values()) else 0
+    return None

@@ -43,8 +43,9 @@ from ._context import CALL, PACKED, UNPAD, Pin, count_unpadded, patched_here, wa
 from .caches import CAPACITY
 from .declarations import Adapter
 from .decoders import call_with_positions
+from .mixers import Runs, call_runs
 from .observers import WATCHERS, run_watched
-from .packed import NOT_KEPT, packed_rows, positions_from_lengths, warn_not_kept
+from .packed import NOT_KEPT, Packed, packed_rows, positions_from_lengths, warn_not_kept
 from .patches import Patch
 from .plans import NO_SLOTS, SLOTS, SLOTS_REMOVED, Plan
 from .positions import cache_positions, call_inputs, has_holes, new_token_positions
@@ -84,6 +85,7 @@ def make_forward(adapter: Adapter, original: Callable, plan: Plan, pin: Pin) -> 
     family = adapter.family if adapter.family.hands_to is not None else None  # its forward takes no positions
     from_mask = adapter.family.from_mask  # its own positions from the mask are right: packed rows only
     handed = plan.handed  # a task head of its module hands it positions through CALL.handed
+    mixes = masks is not None and masks.mixers  # layers that carry a state: by sequence (hfpatch.mixers)
     # apply(unpad=True): None where its padded calls may run on their real tokens, else why they stay padded
     stays_padded = why_padded_here(adapter, plan)
     # explicit position_ids leave nothing to derive (4.38-5.3: unless a static cache's slots are missing)
@@ -158,9 +160,14 @@ def make_forward(adapter: Adapter, original: Callable, plan: Plan, pin: Pin) -> 
             warn_left_to_stock(arch, str(exc))
             return original(self, **given)
         if family is not None:  # handed to the position module instead (hfpatch.decoders)
-            return call_with_positions(self, family, original, kwargs, derived[0] if derived else packed)
+            laid = packed.mask if packed is not None else None
+            return call_with_positions(self, family, original, kwargs, derived[0] if derived else laid)
         if eager:
             return _with_eager_mask(original, self, kwargs)
+        if mixes and not is_compiling():
+            runs = call_runs(self, given, packed, derived, cache, kwargs)
+            if runs is not None:  # its layers that carry a state run each sequence alone (hfpatch.mixers)
+                return _mixing(original, self, kwargs, runs)
         return original(self, **kwargs)
 
     forward.__hfpatch_adapter__ = arch  # type: ignore[attr-defined]
@@ -243,11 +250,11 @@ def watched(
     return run_watched(model, adapter, named, patched_here(pin), plan.ids_rank, call)
 
 
-def given_masks(model: Any, adapter: Adapter, plan: Plan, kwargs: dict, cache: Any) -> Optional[Tensor]:
+def given_masks(model: Any, adapter: Adapter, plan: Plan, kwargs: dict, cache: Any) -> Optional[Packed]:
     """A call with the caller's positions: a row whose positions restart is kept to the sequences it
-    packs (:mod:`hfpatch.packed`; its 2-D mask returned, for a position module that reads it); else, where
-    the model has windows, they are decided by position in a mask with holes (:func:`given_windows`). The
-    positions stay the caller's."""
+    packs (:mod:`hfpatch.packed`; its layout returned: its 2-D mask, for a position module that reads it,
+    its sequences, for the layers that carry a state); else, where the model has windows, they are
+    decided by position in a mask with holes (:func:`given_windows`). The positions stay the caller's."""
     masks = plan.masks
     if PACKED[0]:
         found = packed_rows(kwargs, call_inputs(kwargs, plan.ids_rank))
@@ -257,7 +264,7 @@ def given_masks(model: Any, adapter: Adapter, plan: Plan, kwargs: dict, cache: A
             if why is None:
                 why = apply_masks(model, masks, plan.cache_kw, kwargs, cache, mask, mask.shape[1], 0, found)
                 if why is None:
-                    return mask
+                    return found
             if why != "" and not torch.compiler.is_compiling():  # (""): transformers' own path, exact
                 # (compiled code treats every such call as packed, restarting or not: no word there)
                 warn_not_kept(adapter.arch, why)
@@ -305,6 +312,15 @@ def _continues_a_prefix(kwargs: dict) -> bool:
     mask code (``_unmask_unattended``) gets wrong (``Adapter.eager_mask``)."""
     mask, tokens = _mask_to_read(kwargs), call_inputs(kwargs)
     return mask is not None and mask.dim() == 2 and tokens is not None and 1 < tokens.shape[1] < mask.shape[1]
+
+
+def _mixing(original: Callable, model: Any, kwargs: dict, runs: Runs) -> Any:
+    """Call ``original`` with the call's sequences on its context, for the layers that carry a state."""
+    before, CALL.mixing = CALL.mixing, runs
+    try:
+        return original(model, **kwargs)
+    finally:
+        CALL.mixing = before
 
 
 def _with_eager_mask(original: Callable, model: Any, kwargs: dict) -> Any:

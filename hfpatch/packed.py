@@ -57,12 +57,14 @@ __all__ = [
 class Packed(NamedTuple):
     """A call's packed rows: its 2-D mask, its positions (``[batch or 1, length]``: a multimodal form's
     text or ``t`` row), :func:`hfpatch.positions.segments`, and in eager mode the mask and the segments as
-    the host read them (for :func:`sequences`: no second read), else None."""
+    the host read them (for :func:`sequences`: no second read), else None; ``unpadded``: an unpadded
+    call's padded batch size (its sequences are that batch's rows: :mod:`hfpatch.unpad`)."""
 
     mask: Tensor
     positions: Tensor
     segment_ids: Tensor
     host: Optional[tuple[Tensor, Tensor]] = None
+    unpadded: Optional[int] = None
 
 
 def packed_rows(kwargs: dict, tokens: Optional[Tensor]) -> Optional[Packed]:

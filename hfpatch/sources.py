@@ -20,6 +20,7 @@ __all__ = [
     "passes_4d_mask_as_given",
     "pools_by_pad_id",
     "source_of",
+    "state_mixers",
     "takes_mask_dict",
     "unreadable_with_mask_dict",
 ]
@@ -39,6 +40,15 @@ _NONE_CHECK = re.compile(r"\bposition_ids\s+is\s+(not\s+)?None\b")
 _HANDS_POSITIONS = re.compile(
     r"(?:create_(?:causal|sliding_window_causal|chunked_causal)_mask|mask_function)\((?:[^()]|\([^()]*\))*"
     r"position_ids|[\"']position_ids[\"']\s*:\s*position_ids"
+)
+
+
+# a layer that reads or writes its state through the cache it is given: 5.x's linear-attention cache
+# layers (``cache.get_conv_state(...)``), 4.x's per-layer lists (``cache_params.ssm_states[...]``), MiniMax's
+_STATE_ACCESS = re.compile(
+    r"\b(?:cache|cache_params|past_key_values)\.(?:get_conv_state|get_recurrent_state|update_conv_state"
+    r"|update_recurrent_state|conv_states|ssm_states|recurrent_states|conv_cache|get_linear_cache"
+    r"|set_linear_cache)\b"
 )
 
 
@@ -115,3 +125,29 @@ def unreadable_with_mask_dict(source: str) -> bool:
             only_here = names(inner, ast.Store) - names(ast.walk(block.test), ast.Store)
             return bool((only_here - names(outer, ast.Store)) & names(outer, ast.Load))
     return False
+
+
+def state_mixers(module: Any) -> list[type]:
+    """The classes of a modeling module whose ``forward`` takes the call's tokens first and carries a
+    state from token to token through the cache it is given (a convolution's window, an SSM's, a gated
+    delta rule's, a linear attention's: read or written in the class's code): what
+    :mod:`hfpatch.mixers` runs by sequence."""
+    found = []
+    for value in vars(module).values():
+        if (
+            not isinstance(value, type)
+            or value.__module__ != module.__name__
+            or "forward" not in value.__dict__
+        ):
+            continue
+        source = source_of(value)
+        if source is None or not _STATE_ACCESS.search(source):
+            continue
+        try:
+            params = list(inspect.signature(value.__dict__["forward"]).parameters)
+        except (TypeError, ValueError):
+            continue
+        model = any(getattr(base, "base_model_prefix", None) is not None for base in value.__mro__)
+        if not model and any(name in params for name in ("cache", "cache_params", "past_key_values")):
+            found.append(value)  # (a model class threads the cache through its layers: not a mixer)
+    return found

@@ -176,13 +176,14 @@ def laid_out(kwargs: dict, host: Host) -> Optional[tuple[dict, Layout, Packed]]:
     packed = {k: v for k, v in kwargs.items() if k not in ("attention_mask", "position_ids")}
     packed["input_ids"] = layout.gather(ids)
     packed["position_ids"] = positions
-    return packed, layout, _packed_row(positions, layout.rows[None], rows_host[None])
+    return packed, layout, _packed_row(positions, layout.rows[None], rows_host[None], batch)
 
 
-def _packed_row(positions: Tensor, rows: Tensor, rows_host: Tensor) -> Packed:
-    """The layout of an unpadded call's packed row: every token real, each row a sequence of its own."""
+def _packed_row(positions: Tensor, rows: Tensor, rows_host: Tensor, batch: int) -> Packed:
+    """The layout of an unpadded call's packed row: every token real, each row (of ``batch``) a sequence of
+    its own."""
     real = torch.ones(rows.shape, dtype=torch.bool, device=rows.device)
-    return Packed(real, positions, rows, (torch.ones(rows_host.shape, dtype=torch.bool), rows_host))
+    return Packed(real, positions, rows, (torch.ones(rows_host.shape, dtype=torch.bool), rows_host), batch)
 
 
 def padded_back(result: Any, layout: Layout) -> Any:
@@ -371,6 +372,6 @@ def _head_unpadded(
             packed["position_ids"] = torch.nn.functional.pad(packed["position_ids"], (0, 1))
             ends = (laid.segment_ids, laid.host[1])  # (the device's and the host's)
             rows, rows_host = (torch.nn.functional.pad(t, (0, 1), value=layout.batch) for t in ends)
-            laid = _packed_row(packed["position_ids"], rows, rows_host)
+            laid = _packed_row(packed["position_ids"], rows, rows_host, layout.batch)
         packed["labels"] = torch.cat([own.new_full((1, 1), IGNORE), own if tail else own[:, :-1]], 1)
     return _run_packed(functools.partial(original, model), packed, layout, laid)

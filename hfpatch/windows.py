@@ -41,6 +41,7 @@ from .sources import (
     attends_inline,
     passes_4d_mask_as_given,
     source_of,
+    state_mixers,
     takes_mask_dict,
     unreadable_with_mask_dict,
 )
@@ -70,6 +71,11 @@ SLIDING, CHUNKED, FULL = "sliding_attention", "chunked_attention", "full_attenti
 # a full-attention layer otherwise
 INDEXED = ("indexed_attention", "deepseek_sparse_attention")
 KNOWN_TYPES = (FULL, SLIDING, CHUNKED, *INDEXED)  # the layer types whose masks hfpatch builds
+# layer types of models whose layers carry a state (hfpatch.mixers): those that take the 2-D mask (a state
+# layer's: it runs by sequence, the mask only zeroes the pads), those that take none (no token mixing), and
+# those that hold an attention and a state layer (their attention's mask is the kind they name)
+MIXED, UNMASKED = ("linear_attention", "conv"), ("moe", "mlp")
+HOLDS = {"hybrid": FULL, "hybrid_sliding": SLIDING}
 
 # --- the attention backends: what each takes, what it keeps (one table; a new backend is a row) -----------
 
@@ -162,6 +168,8 @@ class MaskPlan(NamedTuple):
     # its module's attention runs through its own attention functions (``ALL_ATTENTION_FUNCTIONS``, which
     # hfpatch makes module-scoped: hfpatch.attention), none inline: a packed row's layout reaches them
     by_layout: bool = False
+    # its module has layers that carry a state from token to token, run by sequence (hfpatch.mixers)
+    mixers: bool = False
 
     @property
     def float_masks(self) -> bool:
@@ -210,7 +218,10 @@ def mask_plan(owner: type, packed: bool = True) -> Optional[MaskPlan]:
     alibi = "alibi" in source
     module = sys.modules.get(owner.__module__)
     by_layout = hasattr(module, MAPPING) and not attends_inline(module)
-    return MaskPlan(form, takes_dict, by_slots, windowed, ignored, decoder, packed, lengths, alibi, by_layout)
+    mixers = module is not None and bool(state_mixers(module))
+    return MaskPlan(
+        form, takes_dict, by_slots, windowed, ignored, decoder, packed, lengths, alibi, by_layout, mixers
+    )
 
 
 def _flash_takes_lengths() -> bool:
@@ -241,7 +252,8 @@ def apply_masks(
     flash = used is not None and used.takes == LENGTHS
     if used is None or (used.takes == BLOCK_MASK and not flex):
         return f"with {attention} attention (hfpatch's masks reach {_labels(plan)} attention)"
-    types = layer_types(config, plan) if plan.windowed else [FULL]
+    named = layer_types(config, plan) if plan.windowed else [FULL]
+    types = attention_kinds(named, plan)
     windows = {kind: window_of(config, kind) for kind in dict.fromkeys(types)}
     if plan.decoder_cache:  # T5Gemma 2 merges each kind with the cross mask, whichever its layers use
         windows.setdefault(FULL, None)
@@ -273,10 +285,13 @@ def apply_masks(
             kind: carrier(ByLayout(laid, *(size or (None, None))), model.dtype)
             for kind, size in windows.items()
         }
-        kwargs["attention_mask"] = made if plan.takes_mask_dict else made[types[0]]
+        kwargs["attention_mask"] = _handed(made, named, types, plan, mask[:, -num_new:])
         return None
     slots = start if isinstance(start, torch.Tensor) else cache_positions(num_new, start, mask.device)
-    first = {kind: types.index(kind) if kind in types else 0 for kind in windows}  # (a kind no layer uses)
+    per_layer = [HOLDS.get(kind, kind) for kind in named] if plan.mixers else named  # (a layer's cache index)
+    first = {
+        kind: per_layer.index(kind) if kind in per_layer else 0 for kind in windows
+    }  # (a kind no layer uses)
     masks = {}
     for kind, size in windows.items():
         if flex:  # a packed row (nothing cached): its BlockMask, from the rule's parts
@@ -293,8 +308,34 @@ def apply_masks(
         masks[kind] = _as_model_takes(allowed, plan, attention, model.dtype)
     if packed is not None and used.takes == DENSE and attention == "sdpa" and eager_mode:
         _by_sequence(masks, windows, packed)  # (the module's SDPA runs it by sequence where it carries it)
-    kwargs["attention_mask"] = masks if plan.takes_mask_dict else masks[types[0]]
+    kwargs["attention_mask"] = _handed(masks, named, types, plan, mask[:, -num_new:])
     return None
+
+
+def attention_kinds(types: list[str], plan: Optional[MaskPlan]) -> list[str]:
+    """Each layer's attention kind, of a model whose layers may carry a state (:mod:`hfpatch.mixers`):
+    a layer that holds an attention and a state layer gives its attention's kind, one that attends to
+    nothing (a state layer alone, an MLP) none. Any other model's layer types, as they are."""
+    if plan is None or not plan.mixers:
+        return types
+    kinds = [HOLDS.get(kind, kind) for kind in types if kind not in MIXED + UNMASKED]
+    return kinds or [FULL]
+
+
+def _handed(masks: dict, named: list[str], types: list[str], plan: MaskPlan, flat: torch.Tensor) -> Any:
+    """What the model's forward takes: the masks by layer type (a model with state layers: also each of
+    its layer types by name, the state layers' the 2-D mask of the new tokens, as transformers' own
+    ``create_recurrent_attention_mask`` gives them), or the one mask of a forward that takes no dict."""
+    if not plan.takes_mask_dict:
+        return masks[types[0]]
+    if plan.mixers:
+        masks.setdefault(FULL, masks[types[0]])
+        for kind in (*named, *MIXED):
+            if kind not in masks:
+                masks[kind] = (
+                    flat if kind in MIXED else None if kind in UNMASKED else masks[HOLDS.get(kind, FULL)]
+                )
+    return masks
 
 
 LAYER_TYPES = "its layer types take no mask by position"
@@ -367,7 +408,7 @@ def packed_not_kept(model: Any, plan: Optional[MaskPlan], masked: bool) -> Optio
         return FLASH_NO_LENGTHS if masked else ""  # transformers' own, by the positions, given no mask
     if plan.alibi and getattr(config, "alibi", False) is True:  # Falcon's: from the 2-D mask it is given
         return "its ALiBi (alibi=True) is built from the 2-D mask, which a mask by sequence replaces"
-    kinds = set(layer_types(config, plan)) if plan.windowed else {FULL}
+    kinds = set(attention_kinds(layer_types(config, plan), plan)) if plan.windowed else {FULL}
     if not kinds <= set(KNOWN_TYPES):
         return LAYER_TYPES
     if used is None or not used.keeps(plan):
@@ -395,7 +436,7 @@ def positional(model: Any, cls: str) -> bool:
     plan = mask_plan(owner) if owner is not None else None
     if plan is None or not plan.windowed:
         return False
-    kinds = set(layer_types(config, plan))
+    kinds = set(attention_kinds(layer_types(config, plan), plan))
     _, used = backend(model)
     if used is None or used.windows == BY_COLUMN or not kinds <= set(KNOWN_TYPES):
         return False

@@ -1,0 +1,294 @@
+"""Layers that carry a state from one token to the next (a causal convolution, an SSM, a gated delta
+rule, a linear or lightning attention: "mixers"), run on each sequence alone.
+
+No mask keeps such a layer's sequences apart: a packed row's second sequence starts from the state the
+first left, a left pad's input (or a hole of a padded cached prefix) still moves the state on. So where
+a call's rows hold pads among their new tokens or pack several sequences, the patched forward computes
+the call's :class:`Runs` once (from its one host read) and sets it on the call's context
+(``CALL.mixing``, carried into a checkpointed layer's recomputation); each mixer, whose ``forward`` is
+wrapped by :func:`by_sequence`, then runs its sequences as a batch of their own (groups of sequences of
+one length, or of similar length where no state is kept), every sequence from a fresh state (or, the
+first of a row that continues a cache, from that row's cached state), and puts the outputs back in the
+row (zeros at the pads). The state each row ends with (its last sequence's, at its last real token) is
+written into the cache (:func:`hfpatch.caches.group_cache`, :func:`hfpatch.caches.put_states`), so that a
+later call continues it exactly. A mixer is found by its code (:func:`hfpatch.sources.state_mixers`):
+one mechanism for every kind of layer, nothing per model.
+
+Other calls (a decode step, a call without pads among its new tokens) run every mixer as transformers
+does, after one read of ``CALL.mixing``.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any, NamedTuple, Optional
+
+import torch
+from torch import Tensor
+
+from . import caches
+from ._context import CALL
+from .patches import Patch
+from .sources import state_mixers
+
+__all__ = ["Group", "Runs", "by_sequence", "mixer_rows", "runs_of"]
+
+CACHE_PARAMETERS = ("cache", "cache_params", "past_key_values")  # a mixer's cache, by release
+# what a packed row's caller may hand the layers for kernels that keep its sequences apart: a regrouped
+# call holds one sequence a row, and transformers' torch paths raise when given them
+LENGTHS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
+
+
+class Group(NamedTuple):
+    """Sequences a mixer runs as one batch: ``index`` ``[sequences, longest]``, their tokens' flat numbers
+    over the call's ``rows x length``; ``valid`` ``[sequences, longest]`` where they are real (None: every
+    sequence is ``longest`` long; a short one is padded at its end, which a causal layer never reads
+    back); ``source`` ``[sequences]``, the cache row each continues (None: each starts fresh);
+    ``members`` and ``rows``: the sequences whose final state the cache keeps, and in which of its rows."""
+
+    index: Tensor
+    valid: Optional[Tensor]
+    source: Optional[Tensor]
+    members: Tensor
+    rows: Tensor
+
+
+class Runs(NamedTuple):
+    """A call's sequences as its mixers run them: ``shape`` (rows, length) of its token tensors,
+    ``states`` (the rows of the cache's states: the call's, or an unpadded call's padded batch) and the
+    :class:`Group` s."""
+
+    shape: tuple[int, int]
+    states: int
+    groups: tuple[Group, ...]
+
+
+def runs_of(
+    real: Tensor,
+    segment_ids: Optional[Tensor],
+    device: torch.device,
+    *,
+    continues: bool,
+    keeps: bool,
+    unpadded: Optional[int] = None,
+) -> Runs:
+    """The :class:`Runs` of a call, from what the host read of it.
+
+    Args:
+        real: ``[rows, length]`` bool (host), the call's real tokens.
+        segment_ids: ``[rows or 1, length]`` (host), each token's sequence in its row
+            (:func:`hfpatch.positions.segments`), or None: one sequence a row.
+        device: where the call runs.
+        continues: the cache holds each row's state before this call: a row's first sequence continues it.
+        keeps: the cache keeps each row's final state (groups of one length; else of similar length).
+        unpadded: an unpadded call's padded batch size: each sequence is a row of it, whose state it keeps
+            (a sequence numbered past it keeps none).
+
+    Example:
+        >>> r = runs_of(torch.tensor([[True, True, True, True, True]]), torch.tensor([[0, 0, 0, 1, 1]]),
+        ...             torch.device("cpu"), continues=False, keeps=True)
+        >>> [g.index.tolist() for g in r.groups]
+        [[[0, 1, 2]], [[3, 4]]]
+    """
+    rows, length = real.shape
+    flat = real.reshape(-1).nonzero().squeeze(1)  # the real tokens, in order
+    row = torch.div(flat, length, rounding_mode="floor")
+    key = row * (length + 1)
+    if segment_ids is not None:
+        key = key + segment_ids.expand(rows, length).reshape(-1)[flat]
+    if not len(flat):
+        return Runs((rows, length), unpadded or rows, ())
+    starts = torch.cat([torch.zeros(1, dtype=torch.long), (key[1:] != key[:-1]).nonzero().squeeze(1) + 1])
+    sizes = torch.diff(starts, append=torch.tensor([len(flat)])).tolist()
+    seq_rows = row[starts].tolist()
+    numbers = (key[starts] - row[starts] * (length + 1)).tolist()  # each sequence's number in its row
+    count = len(sizes)
+    sources, targets = [-1] * count, [-1] * count
+    for i in range(count):
+        first = i == 0 or seq_rows[i - 1] != seq_rows[i]
+        last = i == count - 1 or seq_rows[i + 1] != seq_rows[i]
+        if unpadded is not None:
+            targets[i] = numbers[i] if numbers[i] < unpadded else -1
+        else:
+            sources[i] = seq_rows[i] if continues and first else -1
+            targets[i] = seq_rows[i] if last else -1
+    by_kind: dict[tuple[int, bool], list[int]] = {}
+    for i, size in enumerate(sizes):  # one length where a state is kept, else within a factor of 2
+        by_kind.setdefault((size if keeps else 1 << (size - 1).bit_length(), sources[i] >= 0), []).append(i)
+    offsets = torch.arange(max(sizes))
+    groups = []
+    for members in by_kind.values():
+        own = torch.tensor([sizes[i] for i in members])
+        longest = int(own.max())
+        valid = offsets[None, :longest] < own[:, None]
+        first = starts[members]
+        index = flat[first[:, None] + torch.where(valid, offsets[None, :longest], 0)]
+        kept = [j for j, i in enumerate(members) if targets[i] >= 0]
+        source = torch.tensor([sources[i] for i in members]) if sources[members[0]] >= 0 else None
+        groups.append(
+            Group(
+                index.to(device, non_blocking=True),
+                None if bool(valid.all()) else valid.to(device, non_blocking=True),
+                None if source is None else source.to(device, non_blocking=True),
+                torch.tensor(kept, dtype=torch.long).to(device, non_blocking=True),
+                torch.tensor([targets[members[j]] for j in kept], dtype=torch.long).to(
+                    device, non_blocking=True
+                ),
+            )
+        )
+    return Runs((rows, length), unpadded or rows, tuple(groups))
+
+
+def by_sequence(original: Callable) -> Callable:
+    """A mixer's ``forward`` that runs each of the call's sequences alone where ``CALL.mixing`` holds the
+    call's :class:`Runs`; any other call (or one whose inputs are not the call's rows) is the original's."""
+    if getattr(original, "__hfpatch_mixer__", False):
+        return original
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        runs = CALL.mixing
+        if runs is None:
+            return original(self, *args, **kwargs)
+        try:
+            bound = signature.bind(self, *args, **kwargs)
+        except TypeError:  # (the original's own error)
+            return original(self, *args, **kwargs)
+        return _by_sequence(original, self, bound, runs)
+
+    forward.__hfpatch_mixer__ = True  # type: ignore[attr-defined]
+    return forward
+
+
+def _by_sequence(original: Callable, module: Any, bound: inspect.BoundArguments, runs: Runs) -> Any:
+    """``original`` on each :class:`Group` of ``runs``, the outputs put back in the rows, the states the
+    cache keeps written back."""
+    rows, length = runs.shape
+    named = {k: v for k, v in bound.arguments.items() if k != "self"}
+    extra = {}
+    for parameter in bound.signature.parameters.values():  # (**kwargs: their entries, by name)
+        if parameter.kind is inspect.Parameter.VAR_KEYWORD:
+            extra = named.pop(parameter.name, {})
+    named.update((k, v) for k, v in extra.items() if k not in LENGTHS)
+    first = next(iter(named.values()), None)
+    layer = getattr(module, "layer_idx", None)
+    cache_name = next((name for name in CACHE_PARAMETERS if named.get(name) is not None), None)
+    if not _token_level(first, rows, length) or (cache_name is not None and not isinstance(layer, int)):
+        return original(module, **named)  # (not the call's rows: a layer this does not know)
+    cache = named[cache_name] if cache_name is not None else None
+    outputs: Optional[list[Any]] = None
+    kept = []
+    for group in runs.groups:
+        flat = group.index.reshape(-1)
+        args = {
+            name: None if "mask" in name else _gathered(value, rows, length, flat, group.index.shape)
+            for name, value in named.items()
+        }
+        sub = None
+        if cache is not None:
+            sub = caches.group_cache(cache, layer, group.source, group.index.shape[0])
+            if sub is None:  # a cache this cannot give a group (one recording its past): as transformers does
+                return original(module, **named)
+            args[cache_name] = sub
+        result = original(module, **args)
+        outputs = _scattered(result, outputs, group, rows * length)
+        if sub is not None and len(group.members):
+            kept.append((caches.layer_states(sub, layer), group.members, group.rows))
+    if cache is not None:
+        caches.put_states(cache, layer, kept, runs.states, length)
+    if outputs is None:  # (no real token in the call)
+        return original(module, **named)
+    made = [o.view(rows, length, *o.shape[1:]) if isinstance(o, Tensor) else o for o in outputs]
+    return made[0] if len(made) == 1 and not isinstance(result, tuple) else type(result)(made)
+
+
+def _token_level(value: Any, rows: int, length: int) -> bool:
+    """A tensor ``[rows or 1, length, ...]``: one value a token of the call's rows."""
+    return (
+        isinstance(value, Tensor)
+        and value.dim() >= 2
+        and value.shape[1] == length
+        and value.shape[0] in (1, rows)
+    )
+
+
+def _gathered(value: Any, rows: int, length: int, flat: Tensor, shape: torch.Size) -> Any:
+    """A token-level tensor (or a tuple of them: rope's cos and sin) as the group's ``[sequences,
+    longest, ...]``; anything else as it is."""
+    if isinstance(value, tuple):
+        return tuple(_gathered(v, rows, length, flat, shape) for v in value)
+    if not _token_level(value, rows, length):
+        return value
+    whole = value.expand(rows, length, *value.shape[2:]).reshape(rows * length, *value.shape[2:])
+    return whole.index_select(0, flat).view(*shape, *value.shape[2:])
+
+
+def _scattered(result: Any, outputs: Optional[list[Any]], group: Group, size: int) -> list[Any]:
+    """The group's outputs put into the call's flat ``[rows x length, ...]`` ones (zeros where no real
+    token is): its token-level tensors; any other output, None."""
+    parts = list(result) if isinstance(result, tuple) else [result]
+    sequences, longest = group.index.shape
+    if outputs is None:
+        outputs = [
+            p.new_zeros(size, *p.shape[2:]) if _token_level(p, sequences, longest) and p.shape[0] == sequences
+            else None
+            for p in parts
+        ]  # fmt: skip
+    index = group.index.reshape(-1) if group.valid is None else group.index[group.valid]
+    for i, part in enumerate(parts):
+        if outputs[i] is None or not isinstance(part, Tensor):
+            continue
+        values = part.reshape(sequences * longest, *part.shape[2:])
+        if group.valid is not None:
+            values = values[group.valid.reshape(-1)]
+        outputs[i].index_copy_(0, index, values.to(outputs[i].dtype))  # (in place: autograd follows it)
+    return outputs
+
+
+def mixer_rows(module: Any) -> list[Patch]:
+    """The rows of a modeling module whose layers carry a state (:func:`hfpatch.sources.state_mixers`):
+    each such class's ``forward``, run by sequence where a call's :class:`Runs` say so."""
+    return [
+        Patch(cls, "forward", cls.__dict__["forward"], by_sequence(cls.__dict__["forward"]))
+        for cls in state_mixers(module)
+    ]
+
+
+def call_runs(model: Any, given: dict, packed: Any, derived: Any, cache: Any, kwargs: dict) -> Optional[Runs]:
+    """The :class:`Runs` of a call of a model whose layers carry a state, or None where they run as
+    transformers runs them: a row that packs several sequences (``packed``: its layout, read on the host
+    once), or a call whose new tokens hold a pad (the new columns of its 2-D mask, read on the host in one
+    copy: where hfpatch derived the positions, ``derived`` says where they are; else the caller's mask,
+    ``given``, spans the cache and the new tokens). Not a single new token (a decode step: never a pad)."""
+    wants = kwargs.get("use_cache")
+    if wants is None:
+        wants = getattr(getattr(model, "config", None), "use_cache", False)
+    keeps = cache is not None or bool(wants)  # (a cache the model makes keeps the states too)
+    if packed is not None:
+        if packed.host is None:  # (compiled code: no host read)
+            return None
+        real, segment_ids = packed.host
+        device = packed.mask.device
+        return runs_of(real, segment_ids, device, continues=False, keeps=keeps, unpadded=packed.unpadded)
+    if derived is not None:
+        mask, num_new, where = derived
+    else:
+        mask, tokens = given.get("attention_mask"), kwargs.get("input_ids")
+        if tokens is None:
+            tokens = kwargs.get("inputs_embeds")
+        if mask.__class__ is not Tensor or mask.dim() != 2 or not isinstance(tokens, Tensor) or tokens.dim() < 2:
+            return None
+        num_new, where = tokens.shape[1], caches.state_length(cache)
+        if where is None or mask.shape != (tokens.shape[0], where + num_new):
+            return None  # (a mask that does not span the cache and the new tokens: as transformers runs it)
+    if num_new < 2:
+        return None
+    new = mask[:, where : where + num_new] if isinstance(where, int) else mask[:, where.reshape(-1)]
+    real = (new != 0).cpu()  # (the call's one host read)
+    if bool(real.all()):
+        return None
+    past = where if isinstance(where, int) else int(where.reshape(-1)[0])
+    return runs_of(real, None, mask.device, continues=past > 0, keeps=keeps)
