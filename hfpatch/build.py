@@ -96,7 +96,7 @@ def build(adapter: Adapter, module: Any, pin: Pin) -> tuple[Patch, ...]:
     rows.extend(row for row in shared if row is not None)  # (every adapter's: the ledger counts them)
     if keeps:  # its module's attention functions, by sequence where a packed row's layout reaches them
         rows.extend(module_rows(module))
-    mixes = plan.masks is not None and plan.masks.mixers
+    mixes = plan.mixers
     if mixes:  # its layers that carry a state, by sequence where a call's sequences say (hfpatch.mixers)
         rows.extend(mixer_rows(module))
     unpads = why_padded_here(adapter, plan) is None

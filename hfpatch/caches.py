@@ -265,6 +265,12 @@ def lay_back(cache: Any, index: torch.Tensor, batch: int, length: int) -> None:
         cache.value_cache[:] = [padded(v) if v.dim() == 4 else v for v in cache.value_cache]
     if isinstance(getattr(cache, "_seen_tokens", None), int):
         cache._seen_tokens = length
+    for layer in layers or ():  # state layers (hfpatch.mixers wrote their rows already): the padded count
+        count = getattr(layer, "cumulative_length_linear", None)
+        if isinstance(count, torch.Tensor):
+            count.fill_(length)
+    if getattr(cache, SEEN, None) is not None:
+        setattr(cache, SEEN, length)
 
 
 def _static_sliding_layer() -> Optional[type]:
@@ -472,10 +478,13 @@ def put_states(cache: Any, layer: int, kept: list, rows: int, tokens: int) -> No
                         sizes[i] = state.shape[-1]
 
 
+SEEN = "_hfpatch_seen"  # on a cache of state layers alone (5.24): the tokens hfpatch saw it take
+
+
 def state_length(cache: Any) -> Optional[int]:
     """Tokens a growing cache of a model with state layers holds before a call (0 for none), read from its
-    attention layers or, where it has none, from its state layers' count (5.25) or whether they hold a
-    state (0 or None: not known)."""
+    attention layers or, where it has none, from its state layers' count (5.25), or where they keep none
+    (5.24), whether they hold a state (none: 0) and hfpatch's count (:func:`count_seen`; else None)."""
     if cache is None:
         return 0
     try:
@@ -488,5 +497,15 @@ def state_length(cache: Any) -> Optional[int]:
             return int(count)
         flags = getattr(layer, "has_previous_state", None)
         if isinstance(flags, dict):
-            return None if any(flags.values()) else 0
+            return getattr(cache, SEEN, None) if any(flags.values()) else 0
     return None
+
+
+def count_seen(cache: Any, past: Optional[int], num_new: int) -> None:
+    """Keep on a cache of state layers alone that counts no tokens of its own (5.24) how many it holds
+    after a call of ``num_new`` tokens, ``past`` before them (eager mode; a reset cache's states say 0)."""
+    if cache is None or past is None or torch.compiler.is_compiling():
+        return
+    layers = getattr(cache, "layers", None) or ()
+    if layers and not any(_attends(layer) or hasattr(layer, "cumulative_length_linear") for layer in layers):
+        setattr(cache, SEEN, past + num_new)

@@ -56,6 +56,9 @@ class Family(NamedTuple):
             audio codes (Dia), whose forward takes no ``inputs_embeds``.
         watched: a class hfpatch does not fix (:attr:`Undeclared.watched`): its forward only warns, once,
             of a packed row it cannot keep to its sequences.
+        attends: False for a model without attention (Mamba, Mamba2: only layers that carry a state): its
+            forward takes no positions and no masks; its state layers keep a padded or packed call's
+            sequences apart (:mod:`hfpatch.mixers`).
         from_mask: the forward derives its positions from the 2-D mask itself (OPT: the mask's cumsum;
             BLOOM: ALiBi from it), so stock is right with padding and hfpatch derives nothing; it keeps a
             packed row (positions restarting) to its sequences.
@@ -75,6 +78,7 @@ class Family(NamedTuple):
     multimodal: bool = False
     from_mask: bool = False
     watched: bool = False
+    attends: bool = True
 
 
 class Adapter(NamedTuple):
@@ -112,6 +116,9 @@ class Adapter(NamedTuple):
             where the class's mask code does not decide it, measured by the release probe: ``"no: why"``
             (recurrent or linear-attention layers carry their state across the sequences; layers that
             take no mask by sequence), or ``"yes: how"`` (a wrapper whose language model keeps them).
+        steps: its layers that carry a state (:mod:`hfpatch.mixers`) restart it in a cached call of several
+            tokens (transformers' own multi-token path ignores the cached state; its one-token step keeps
+            it): hfpatch runs such a call's state layers one token at a time.
         source: the module of a class outside transformers (:mod:`hfpatch.custom`), else None.
         recognised: for such a class, how it was recognised (then its check on a tiny copy decides,
             not a release range).
@@ -132,6 +139,7 @@ class Adapter(NamedTuple):
     also: tuple[str, ...] = ()
     wrong_with: tuple[tuple[str, str, str], ...] = ()
     packed: Optional[str] = None
+    steps: bool = False
     source: Optional[str] = None
     recognised: str = ""
 

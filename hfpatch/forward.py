@@ -83,9 +83,12 @@ def make_forward(adapter: Adapter, original: Callable, plan: Plan, pin: Pin) -> 
     # windows decided by position (a multimodal model's stay transformers': see Family.multimodal)
     windowed = masks is not None and masks.windowed and not adapter.family.multimodal
     family = adapter.family if adapter.family.hands_to is not None else None  # its forward takes no positions
-    from_mask = adapter.family.from_mask  # its own positions from the mask are right: packed rows only
+    # its own positions from the mask are right, or it takes none (no attention): packed rows only
+    from_mask = adapter.family.from_mask or not adapter.family.attends
     handed = plan.handed  # a task head of its module hands it positions through CALL.handed
-    mixes = masks is not None and masks.mixers  # layers that carry a state: by sequence (hfpatch.mixers)
+    mixes = plan.mixers  # layers that carry a state: by sequence (hfpatch.mixers)
+    steps = adapter.steps  # ... one token at a time in a cached call (Adapter.steps)
+    trims = not adapter.family.attends  # ... the mask of the new tokens alone (no attention to take more)
     # apply(unpad=True): None where its padded calls may run on their real tokens, else why they stay padded
     stays_padded = why_padded_here(adapter, plan)
     # explicit position_ids leave nothing to derive (4.38-5.3: unless a static cache's slots are missing)
@@ -165,7 +168,7 @@ def make_forward(adapter: Adapter, original: Callable, plan: Plan, pin: Pin) -> 
         if eager:
             return _with_eager_mask(original, self, kwargs)
         if mixes and not is_compiling():
-            runs = call_runs(self, given, packed, derived, cache, kwargs)
+            runs = call_runs(self, given, packed, derived, cache, kwargs, steps, trims)
             if runs is not None:  # its layers that carry a state run each sequence alone (hfpatch.mixers)
                 return _mixing(original, self, kwargs, runs)
         return original(self, **kwargs)
@@ -202,6 +205,8 @@ def why_padded_here(adapter: Adapter, plan: Plan) -> Optional[str]:
         return "a vision-language model (hfpatch unpads its language model's calls, not its own)"
     if adapter.packed is not None and adapter.packed.startswith("yes"):  # declared: by its language model
         return "its language model's calls only (hfpatch unpads those given token ids)"
+    if not family.attends and plan.mixers:
+        return None
     if adapter.packed is not None or plan.masks is None or not plan.masks.packed:
         return NOT_KEPT
     return None
@@ -225,6 +230,8 @@ def packed_support(adapter: Adapter, plan: Plan) -> str:
         return adapter.packed
     if family.seq2seq or (family.hands_to is not None and not family.from_mask):
         return f"no: {SEQ2SEQ}"
+    if not family.attends and plan.mixers:
+        return f"yes ({STATE_LAYERS})"
     masks = plan.masks
     if masks is None or not masks.packed:
         return f"no: {NO_4D_MASK}"
@@ -232,6 +239,7 @@ def packed_support(adapter: Adapter, plan: Plan) -> str:
     return f"yes ({', '.join(kept_on(masks))}{alibi})"
 
 
+STATE_LAYERS = "its layers that carry a state run each sequence alone"
 SEQ2SEQ = (
     "a decoder (or encoder) of an encoder-decoder model: hfpatch keeps the packed rows of decoder-only models"
 )
@@ -258,6 +266,8 @@ def given_masks(model: Any, adapter: Adapter, plan: Plan, kwargs: dict, cache: A
     masks = plan.masks
     if PACKED[0]:
         found = packed_rows(kwargs, call_inputs(kwargs, plan.ids_rank))
+        if found is not None and not adapter.family.attends and plan.mixers:
+            return found  # (no attention: its state layers alone keep it, hfpatch.mixers)
         if found is not None:
             mask = found.mask
             why = _not_kept(model, adapter, masks, kwargs)

@@ -57,12 +57,14 @@ class Group(NamedTuple):
 
 class Runs(NamedTuple):
     """A call's sequences as its mixers run them: ``shape`` (rows, length) of its token tensors,
-    ``states`` (the rows of the cache's states: the call's, or an unpadded call's padded batch) and the
-    :class:`Group` s."""
+    ``states`` (the rows of the cache's states: the call's, or an unpadded call's padded batch), the
+    :class:`Group` s, and ``steps``: a sequence that continues a cache runs one token at a time
+    (``Adapter.steps``: the model's multi-token path restarts the state)."""
 
     shape: tuple[int, int]
     states: int
     groups: tuple[Group, ...]
+    steps: bool = False
 
 
 def runs_of(
@@ -73,6 +75,7 @@ def runs_of(
     continues: bool,
     keeps: bool,
     unpadded: Optional[int] = None,
+    steps: bool = False,
 ) -> Runs:
     """The :class:`Runs` of a call, from what the host read of it.
 
@@ -85,6 +88,7 @@ def runs_of(
         keeps: the cache keeps each row's final state (groups of one length; else of similar length).
         unpadded: an unpadded call's padded batch size: each sequence is a row of it, whose state it keeps
             (a sequence numbered past it keeps none).
+        steps: a sequence that continues a cache runs one token at a time (:attr:`Runs.steps`).
 
     Example:
         >>> r = runs_of(torch.tensor([[True, True, True, True, True]]), torch.tensor([[0, 0, 0, 1, 1]]),
@@ -99,7 +103,7 @@ def runs_of(
     if segment_ids is not None:
         key = key + segment_ids.expand(rows, length).reshape(-1)[flat]
     if not len(flat):
-        return Runs((rows, length), unpadded or rows, ())
+        return Runs((rows, length), unpadded or rows, (), steps)
     starts = torch.cat([torch.zeros(1, dtype=torch.long), (key[1:] != key[:-1]).nonzero().squeeze(1) + 1])
     sizes = torch.diff(starts, append=torch.tensor([len(flat)])).tolist()
     seq_rows = row[starts].tolist()
@@ -138,7 +142,7 @@ def runs_of(
                 ),
             )
         )
-    return Runs((rows, length), unpadded or rows, tuple(groups))
+    return Runs((rows, length), unpadded or rows, tuple(groups), steps)
 
 
 def by_sequence(original: Callable) -> Callable:
@@ -193,7 +197,10 @@ def _by_sequence(original: Callable, module: Any, bound: inspect.BoundArguments,
             if sub is None:  # a cache this cannot give a group (one recording its past): as transformers does
                 return original(module, **named)
             args[cache_name] = sub
-        result = original(module, **args)
+        if runs.steps and group.source is not None and group.index.shape[1] > 1:
+            result = _stepped(original, module, args, group.index.shape[1])
+        else:
+            result = original(module, **args)
         outputs = _scattered(result, outputs, group, rows * length)
         if sub is not None and len(group.members):
             kept.append((caches.layer_states(sub, layer), group.members, group.rows))
@@ -203,6 +210,31 @@ def _by_sequence(original: Callable, module: Any, bound: inspect.BoundArguments,
         return original(module, **named)
     made = [o.view(rows, length, *o.shape[1:]) if isinstance(o, Tensor) else o for o in outputs]
     return made[0] if len(made) == 1 and not isinstance(result, tuple) else type(result)(made)
+
+
+def _stepped(original: Callable, module: Any, args: dict, longest: int) -> Any:
+    """``original`` on a group's tokens one at a time (the arguments' token-level tensors sliced, the
+    stand-in cache carrying the state from one to the next), its outputs put together."""
+    results = []
+    for t in range(longest):
+        sliced = {name: _at(value, longest, t) for name, value in args.items()}
+        results.append(original(module, **sliced))
+    first = results[0]
+    parts = [list(r) if isinstance(r, tuple) else [r] for r in results]
+    joined = [
+        torch.cat([p[i] for p in parts], 1) if _token_level(p0, p0.shape[0], 1) else p0
+        for i, p0 in enumerate(parts[0])
+    ]
+    return type(first)(joined) if isinstance(first, tuple) else joined[0]
+
+
+def _at(value: Any, longest: int, t: int) -> Any:
+    """A group's token-level tensor (or tuple of them) at its token ``t``; anything else as it is."""
+    if isinstance(value, tuple):
+        return tuple(_at(v, longest, t) for v in value)
+    if isinstance(value, Tensor) and value.dim() >= 2 and value.shape[1] == longest:
+        return value[:, t : t + 1]
+    return value
 
 
 def _token_level(value: Any, rows: int, length: int) -> bool:
@@ -257,12 +289,25 @@ def mixer_rows(module: Any) -> list[Patch]:
     ]
 
 
-def call_runs(model: Any, given: dict, packed: Any, derived: Any, cache: Any, kwargs: dict) -> Optional[Runs]:
+def call_runs(
+    model: Any,
+    given: dict,
+    packed: Any,
+    derived: Any,
+    cache: Any,
+    kwargs: dict,
+    steps: bool = False,
+    trims: bool = False,
+) -> Optional[Runs]:
     """The :class:`Runs` of a call of a model whose layers carry a state, or None where they run as
     transformers runs them: a row that packs several sequences (``packed``: its layout, read on the host
     once), or a call whose new tokens hold a pad (the new columns of its 2-D mask, read on the host in one
     copy: where hfpatch derived the positions, ``derived`` says where they are; else the caller's mask,
-    ``given``, spans the cache and the new tokens). Not a single new token (a decode step: never a pad)."""
+    ``given``, spans the cache and the new tokens). Not a single new token (a decode step: never a pad).
+    ``steps``: a call of several tokens that continues a cache runs one token at a time in those layers,
+    pads or not (:attr:`Runs.steps`). ``trims``: a model without attention, whose forward hands its mask
+    to the state layers as it is, gets the mask of its new tokens (what transformers' own
+    ``create_recurrent_attention_mask`` gives the state layers of every other model)."""
     wants = kwargs.get("use_cache")
     if wants is None:
         wants = getattr(getattr(model, "config", None), "use_cache", False)
@@ -279,16 +324,26 @@ def call_runs(model: Any, given: dict, packed: Any, derived: Any, cache: Any, kw
         mask, tokens = given.get("attention_mask"), kwargs.get("input_ids")
         if tokens is None:
             tokens = kwargs.get("inputs_embeds")
-        if mask.__class__ is not Tensor or mask.dim() != 2 or not isinstance(tokens, Tensor) or tokens.dim() < 2:
+        if not isinstance(tokens, Tensor) or tokens.dim() < 2:
             return None
         num_new, where = tokens.shape[1], caches.state_length(cache)
-        if where is None or mask.shape != (tokens.shape[0], where + num_new):
+        if mask is None and steps and where and num_new > 1:  # (no mask: every token real)
+            real = torch.ones(tokens.shape[:2], dtype=torch.bool)
+            return runs_of(real, None, tokens.device, continues=True, keeps=keeps, steps=steps)
+        if mask.__class__ is not Tensor or mask.dim() != 2 or mask.shape[0] != tokens.shape[0]:
+            return None
+        if where is None:  # (a cache of state layers alone, seen first here: the mask spans it)
+            where = mask.shape[1] - num_new
+        caches.count_seen(cache, where, num_new)
+        if mask.shape[1] < where + num_new:
             return None  # (a mask that does not span the cache and the new tokens: as transformers runs it)
+        if trims and mask.shape[1] > num_new and kwargs.get("attention_mask") is mask:
+            kwargs["attention_mask"] = mask[:, where : where + num_new]
     if num_new < 2:
         return None
     new = mask[:, where : where + num_new] if isinstance(where, int) else mask[:, where.reshape(-1)]
     real = (new != 0).cpu()  # (the call's one host read)
-    if bool(real.all()):
-        return None
     past = where if isinstance(where, int) else int(where.reshape(-1)[0])
-    return runs_of(real, None, mask.device, continues=past > 0, keeps=keeps)
+    if bool(real.all()) and not (steps and past > 0):
+        return None
+    return runs_of(real, None, mask.device, continues=past > 0, keeps=keeps, steps=steps)

@@ -14,11 +14,13 @@ per-call path holds only what a call can change:
 from __future__ import annotations
 
 import inspect
+import sys
 from collections.abc import Callable
 from typing import Any, NamedTuple, Optional
 
 from ._compat import CACHE_NAMES, attaches_static_caches
 from .declarations import Adapter
+from .sources import state_mixers
 from .support import in_range, installed_transformers
 from .windows import mask_plan
 
@@ -43,6 +45,7 @@ class Plan(NamedTuple):
     masks: Any = None  # a ``hfpatch.windows.MaskPlan`` where the class's mask code takes a 4-D mask
     ids_rank: int = 2  # ``Family.ids_rank``: 3 for audio codes ``[batch, tokens, channels]``
     handed: bool = False  # a task head hands it positions it drops itself (``CALL.handed``: 5.x's BLOOM)
+    mixers: bool = False  # its module has layers that carry a state, run by sequence (hfpatch.mixers)
 
 
 def read_plan(adapter: Adapter, forward: Callable, owner: Optional[type] = None) -> Plan:
@@ -56,6 +59,8 @@ def read_plan(adapter: Adapter, forward: Callable, owner: Optional[type] = None)
     # a forward whose positions are handed to its position module (hfpatch.decoders) takes none itself
     # (and reads only the ids and the mask: SpeechT5's text prenet takes no inputs_embeds)
     required = REQUIRED if adapter.family.hands_to is None else ("input_ids", "attention_mask")
+    if not adapter.family.attends:  # (no attention: no positions either)
+        required = tuple(name for name in required if name != "position_ids")
     if adapter.family.ids_rank != 2:  # audio codes: no inputs_embeds
         required = tuple(name for name in required if name != "inputs_embeds")
     missing = [name for name in required if name not in names]
@@ -90,6 +95,7 @@ def read_plan(adapter: Adapter, forward: Callable, owner: Optional[type] = None)
         if owner is None or (family.hands_to and not family.from_mask)
         else mask_plan(owner, not family.seq2seq),
         ids_rank=family.ids_rank,
+        mixers=owner is not None and bool(state_mixers(sys.modules.get(owner.__module__))),
     )
 
 

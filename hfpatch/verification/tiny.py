@@ -56,6 +56,11 @@ _SUB_CONFIGS = ("text_config", "vision_config", "audio_config")
 # checkpoint's config.json sets it; a config built from defaults does not)
 _PAD_ID = {"pad_token_id": PAD}
 _GEMMA4 = {"global_head_dim": 32, "vocab_size_per_layer_input": VOCAB, "hidden_size_per_layer_input": 16}
+_HYBRID = {"layer_types": ["linear_attention", "full_attention"]}
+_QWEN4_EXP = {
+    "layer_types": ["linear_attention", "indexed_attention"], "indexer_n_heads": 2, "indexer_kv_heads": 1,
+    "indexer_head_dim": 16, "indexer_budget": 64, "indexer_compress_ratio": 4,
+}  # fmt: skip
 # for a model whose windows hfpatch leaves to transformers: windows longer than every scenario
 WIDE = {"sliding_window": 64, "attention_chunk_size": 64}
 
@@ -84,9 +89,6 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     },
     "exaone4": _PAD_ID,
     "flint": {"layer_types": ["sliding_attention", "full_attention"]},
-    # not patched (short convolutions): the default configs have attention layers only, a checkpoint has both
-    "lfm2": {"layer_types": ["conv", "full_attention"], "full_attn_idxs": [1]},
-    "lfm2_moe": {"layer_types": ["conv", "full_attention"], "full_attn_idxs": [1]},
     "gemma3n_text": {
         "num_hidden_layers": 4, "layer_types": ["sliding_attention", "full_attention"] * 2,
         "num_kv_shared_layers": 2, "vocab_size_per_layer_input": VOCAB, "hidden_size_per_layer_input": 16,
@@ -111,6 +113,31 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     },
     "stablelm": _PAD_ID,
     "youtu": {"head_dim": 8},
+    # models whose layers carry a state (hfpatch.mixers): a state layer and an attention layer each, where the
+    # default 2-layer config has one kind only (a checkpoint has both)
+    **{arch: _HYBRID for arch in (
+        "bailing_hybrid", "granitemoehybrid", "olmo_hybrid", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next",
+    )},
+    "qwen3_5": {"text_config": _HYBRID},
+    "qwen3_5_moe": {"text_config": _HYBRID},
+    "bamba": {"attn_layer_indices": [1]},
+    "falcon_h1": {"mamba_d_ssm": 128, "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_expand": 2},
+    "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1},
+    "kimi_linear": {**_HYBRID, "linear_head_dim": 16, "linear_num_heads": 4},
+    "lfm2": {"layer_types": ["conv", "full_attention"], "full_attn_idxs": [1]},
+    "lfm2_moe": {"layer_types": ["conv", "full_attention"], "full_attn_idxs": [1], "num_dense_layers": 1},
+    "lfm3": {"layer_types": ["conv", "full_attention"]},
+    "qwen4_exp_text": _QWEN4_EXP,
+    "qwen4_exp": {"text_config": _QWEN4_EXP},
+    "zamba": {"num_hidden_layers": 3, "layers_block_type": ["linear_attention", "hybrid", "hybrid"]},
+    "zamba2": {"layers_block_type": ["linear_attention", "hybrid"]},
+    "zaya": {"num_experts_per_tok": 1},
+    "mamba2": {"num_heads": 8, "head_dim": 16, "chunk_size": 16},
+    "xlstm": {
+        "num_heads": 4, "embedding_dim": 64, "num_blocks": 2, "chunk_size": 8, "qk_dim_factor": 1.0,
+        "v_dim_factor": 1.0, "ffn_round_up_to_multiple_of": 16,
+    },
+    "rwkv": {"attention_hidden_size": 64, "intermediate_size": 128},
 }
 # fmt: on
 
