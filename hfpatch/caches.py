@@ -414,15 +414,12 @@ def group_cache(cache: Any, layer: int, source: Optional[torch.Tensor], size: in
         states = getattr(cache, name, None)
         if isinstance(states, list) and layer < len(states):
             state = states[layer]
-            if (
-                isinstance(state, torch.Tensor) and state.dim() and state.shape[0]
-            ):  # (else: made at first use)
-                state = (
-                    state.new_zeros(size, *state.shape[1:])
-                    if source is None
-                    else state.index_select(0, source)
-                )
+            if isinstance(state, torch.Tensor) and state.dim() and state.shape[0]:  # (else: made at first use)
+                fresh = source is None
+                state = state.new_zeros(size, *state.shape[1:]) if fresh else state.index_select(0, source)
             setattr(proxy, name, [*states[:layer], state, *states[layer + 1 :]])
+    if isinstance(vars(cache).get("has_previous_state"), bool):  # 4.x: one flag for the cache's states
+        proxy.has_previous_state = source is not None
     return proxy
 
 

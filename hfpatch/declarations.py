@@ -116,9 +116,10 @@ class Adapter(NamedTuple):
             where the class's mask code does not decide it, measured by the release probe: ``"no: why"``
             (recurrent or linear-attention layers carry their state across the sequences; layers that
             take no mask by sequence), or ``"yes: how"`` (a wrapper whose language model keeps them).
-        steps: its layers that carry a state (:mod:`hfpatch.mixers`) restart it in a cached call of several
-            tokens (transformers' own multi-token path ignores the cached state; its one-token step keeps
-            it): hfpatch runs such a call's state layers one token at a time.
+        steps: the releases (a spec, ``">=4.57"``) where its layers that carry a state (:mod:`hfpatch.mixers`)
+            restart it in a cached call of several tokens (transformers' own multi-token path ignores the
+            cached state; its one-token step keeps it): there hfpatch runs such a call's state layers one
+            token at a time.
         source: the module of a class outside transformers (:mod:`hfpatch.custom`), else None.
         recognised: for such a class, how it was recognised (then its check on a tiny copy decides,
             not a release range).
@@ -139,7 +140,7 @@ class Adapter(NamedTuple):
     also: tuple[str, ...] = ()
     wrong_with: tuple[tuple[str, str, str], ...] = ()
     packed: Optional[str] = None
-    steps: bool = False
+    steps: str = ""
     source: Optional[str] = None
     recognised: str = ""
 

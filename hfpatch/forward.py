@@ -87,7 +87,7 @@ def make_forward(adapter: Adapter, original: Callable, plan: Plan, pin: Pin) -> 
     from_mask = adapter.family.from_mask or not adapter.family.attends
     handed = plan.handed  # a task head of its module hands it positions through CALL.handed
     mixes = plan.mixers  # layers that carry a state: by sequence (hfpatch.mixers)
-    steps = adapter.steps  # ... one token at a time in a cached call (Adapter.steps)
+    steps = plan.steps  # ... one token at a time in a cached call (Adapter.steps)
     trims = not adapter.family.attends  # ... the mask of the new tokens alone (no attention to take more)
     # apply(unpad=True): None where its padded calls may run on their real tokens, else why they stay padded
     stays_padded = why_padded_here(adapter, plan)

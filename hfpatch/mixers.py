@@ -177,6 +177,9 @@ def _by_sequence(original: Callable, module: Any, bound: inspect.BoundArguments,
         if parameter.kind is inspect.Parameter.VAR_KEYWORD:
             extra = named.pop(parameter.name, {})
     named.update((k, v) for k, v in extra.items() if k not in LENGTHS)
+    for name in LENGTHS:  # (a parameter of its own: 4.57's Mamba2 layers take seq_idx)
+        if name in named:
+            named[name] = None
     first = next(iter(named.values()), None)
     layer = getattr(module, "layer_idx", None)
     cache_name = next((name for name in CACHE_PARAMETERS if named.get(name) is not None), None)
@@ -191,6 +194,10 @@ def _by_sequence(original: Callable, module: Any, bound: inspect.BoundArguments,
             name: None if "mask" in name else _gathered(value, rows, length, flat, group.index.shape)
             for name, value in named.items()
         }
+        slots = named.get("cache_position")
+        if isinstance(slots, Tensor) and slots.dim() == 1 and len(slots) == length:  # (4.x: each token's slot)
+            longest = group.index.shape[1]
+            args["cache_position"] = torch.arange(longest, device=slots.device) if group.source is None else slots[:longest]
         sub = None
         if cache is not None:
             sub = caches.group_cache(cache, layer, group.source, group.index.shape[0])
@@ -234,6 +241,8 @@ def _at(value: Any, longest: int, t: int) -> Any:
         return tuple(_at(v, longest, t) for v in value)
     if isinstance(value, Tensor) and value.dim() >= 2 and value.shape[1] == longest:
         return value[:, t : t + 1]
+    if isinstance(value, Tensor) and value.dim() == 1 and value.shape[0] == longest:  # (4.x cache_position)
+        return value[t : t + 1]
     return value
 
 
@@ -341,6 +350,8 @@ def call_runs(
             kwargs["attention_mask"] = mask[:, where : where + num_new]
     if num_new < 2:
         return None
+    if isinstance(where, Tensor) and where.dim() == 0:  # (5.25: a cache of state layers counts in a tensor)
+        where = int(where)
     new = mask[:, where : where + num_new] if isinstance(where, int) else mask[:, where.reshape(-1)]
     real = (new != 0).cpu()  # (the call's one host read)
     past = where if isinstance(where, int) else int(where.reshape(-1)[0])

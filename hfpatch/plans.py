@@ -46,6 +46,7 @@ class Plan(NamedTuple):
     ids_rank: int = 2  # ``Family.ids_rank``: 3 for audio codes ``[batch, tokens, channels]``
     handed: bool = False  # a task head hands it positions it drops itself (``CALL.handed``: 5.x's BLOOM)
     mixers: bool = False  # its module has layers that carry a state, run by sequence (hfpatch.mixers)
+    steps: bool = False  # ... one token at a time in a cached call of several (``Adapter.steps``, here)
 
 
 def read_plan(adapter: Adapter, forward: Callable, owner: Optional[type] = None) -> Plan:
@@ -96,6 +97,7 @@ def read_plan(adapter: Adapter, forward: Callable, owner: Optional[type] = None)
         else mask_plan(owner, not family.seq2seq),
         ids_rank=family.ids_rank,
         mixers=owner is not None and bool(state_mixers(sys.modules.get(owner.__module__))),
+        steps=bool(adapter.steps) and version is not None and in_range(adapter.steps, version),
     )
 
 

@@ -130,18 +130,22 @@ def unreadable_with_mask_dict(source: str) -> bool:
 def state_mixers(module: Any) -> list[type]:
     """The classes of a modeling module whose ``forward`` takes the call's tokens first and carries a
     state from token to token through the cache it is given (a convolution's window, an SSM's, a gated
-    delta rule's, a linear attention's: read or written in the class's code): what
-    :mod:`hfpatch.mixers` runs by sequence."""
-    found = []
+    delta rule's, a linear attention's: read or written in the class's code, or in a function of the module
+    it calls, as 5.25's ``causal_conv1d_forward``): what :mod:`hfpatch.mixers` runs by sequence."""
+    found: list[type] = []
+    if module is None:
+        return found
+    functions = _module_functions(module)  # (by their source: a decorator may make one a module, 5.25's)
+    names = {name for name, source in functions.items() if _STATE_ACCESS.search(source)}
+    for _ in range(2):  # (and a function of the module that calls one)
+        calls = re.compile(r"\b(?:%s)\(" % "|".join(map(re.escape, sorted(names)))) if names else None
+        names |= {name for name, source in functions.items() if calls and calls.search(source)}
+    calls = re.compile(r"\b(?:%s)\(" % "|".join(map(re.escape, sorted(names)))) if names else None
     for value in vars(module).values():
-        if (
-            not isinstance(value, type)
-            or value.__module__ != module.__name__
-            or "forward" not in value.__dict__
-        ):
+        if not isinstance(value, type) or value.__module__ != module.__name__ or "forward" not in value.__dict__:
             continue
         source = source_of(value)
-        if source is None or not _STATE_ACCESS.search(source):
+        if source is None or not (_STATE_ACCESS.search(source) or (calls and calls.search(source))):
             continue
         try:
             params = list(inspect.signature(value.__dict__["forward"]).parameters)
@@ -151,3 +155,19 @@ def state_mixers(module: Any) -> list[type]:
         if not model and any(name in params for name in ("cache", "cache_params", "past_key_values")):
             found.append(value)  # (a model class threads the cache through its layers: not a mixer)
     return found
+
+
+def _module_functions(module: Any) -> dict[str, str]:
+    """The source of each function a module defines at its top level, by name (empty where unreadable)."""
+    source = source_of(module)
+    if source is None:
+        return {}
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return {}
+    return {
+        node.name: ast.get_source_segment(source, node) or ""
+        for node in tree.body
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+    }
