@@ -58,7 +58,11 @@ def past_length(cache: Any) -> int:
         if len(cache) == 0 or cache[0] is None or cache[0][0] is None:
             return 0
         return int(cache[0][0].shape[-2])
-    return int(cache.get_seq_length())
+    try:
+        return int(cache.get_seq_length())
+    except ValueError:  # (5.24: a cache of state layers alone counts no tokens: hfpatch.mixers)
+        held = _state_only(cache)
+        return 1 if held is None else held  # (holding a state, of a length not known: not empty)
 
 
 def growing_past(cache: Any) -> Optional[int]:
@@ -414,7 +418,9 @@ def group_cache(cache: Any, layer: int, source: Optional[torch.Tensor], size: in
         states = getattr(cache, name, None)
         if isinstance(states, list) and layer < len(states):
             state = states[layer]
-            if isinstance(state, torch.Tensor) and state.dim() and state.shape[0]:  # (else: made at first use)
+            if (
+                isinstance(state, torch.Tensor) and state.dim() and state.shape[0]
+            ):  # (else: made at first use)
                 fresh = source is None
                 state = state.new_zeros(size, *state.shape[1:]) if fresh else state.index_select(0, source)
             setattr(proxy, name, [*states[:layer], state, *states[layer + 1 :]])
@@ -479,19 +485,20 @@ SEEN = "_hfpatch_seen"  # on a cache of state layers alone (5.24): the tokens hf
 
 
 def state_length(cache: Any) -> Optional[int]:
-    """Tokens a growing cache of a model with state layers holds before a call (0 for none), read from its
-    attention layers or, where it has none, from its state layers' count (5.25), or where they keep none
-    (5.24), whether they hold a state (none: 0) and hfpatch's count (:func:`count_seen`; else None)."""
+    """Tokens a growing cache of a model with state layers holds before a call (0 for none): its attention
+    layers' count, its state layers' (5.25), or where they keep none (5.24) hfpatch's
+    (:func:`count_seen`), 0 where they hold no state; None: not known."""
     if cache is None:
         return 0
     try:
-        return past_length(cache)
-    except (ValueError, AttributeError, IndexError, TypeError):  # (5.24: a cache of state layers alone)
-        pass
+        return int(cache.get_seq_length()) if not isinstance(cache, (tuple, list)) else past_length(cache)
+    except ValueError:  # (5.24: a cache of state layers alone)
+        return _state_only(cache)
+
+
+def _state_only(cache: Any) -> Optional[int]:
+    """A 5.24 cache of state layers alone: 0 where they hold no state, else hfpatch's count, or None."""
     for layer in getattr(cache, "layers", None) or ():
-        count = getattr(layer, "cumulative_length_linear", None)
-        if isinstance(count, torch.Tensor):
-            return int(count)
         flags = getattr(layer, "has_previous_state", None)
         if isinstance(flags, dict):
             return getattr(cache, SEEN, None) if any(flags.values()) else 0

@@ -195,9 +195,13 @@ def _by_sequence(original: Callable, module: Any, bound: inspect.BoundArguments,
             for name, value in named.items()
         }
         slots = named.get("cache_position")
-        if isinstance(slots, Tensor) and slots.dim() == 1 and len(slots) == length:  # (4.x: each token's slot)
+        if (
+            isinstance(slots, Tensor) and slots.dim() == 1 and len(slots) == length
+        ):  # (4.x: each token's slot)
             longest = group.index.shape[1]
-            args["cache_position"] = torch.arange(longest, device=slots.device) if group.source is None else slots[:longest]
+            args["cache_position"] = (
+                torch.arange(longest, device=slots.device) if group.source is None else slots[:longest]
+            )
         sub = None
         if cache is not None:
             sub = caches.group_cache(cache, layer, group.source, group.index.shape[0])

@@ -138,11 +138,15 @@ def state_mixers(module: Any) -> list[type]:
     functions = _module_functions(module)  # (by their source: a decorator may make one a module, 5.25's)
     names = {name for name, source in functions.items() if _STATE_ACCESS.search(source)}
     for _ in range(2):  # (and a function of the module that calls one)
-        calls = re.compile(r"\b(?:%s)\(" % "|".join(map(re.escape, sorted(names)))) if names else None
+        calls = _calling(names)
         names |= {name for name, source in functions.items() if calls and calls.search(source)}
-    calls = re.compile(r"\b(?:%s)\(" % "|".join(map(re.escape, sorted(names)))) if names else None
+    calls = _calling(names)
     for value in vars(module).values():
-        if not isinstance(value, type) or value.__module__ != module.__name__ or "forward" not in value.__dict__:
+        if (
+            not isinstance(value, type)
+            or value.__module__ != module.__name__
+            or "forward" not in value.__dict__
+        ):
             continue
         source = source_of(value)
         if source is None or not (_STATE_ACCESS.search(source) or (calls and calls.search(source))):
@@ -155,6 +159,11 @@ def state_mixers(module: Any) -> list[type]:
         if not model and any(name in params for name in ("cache", "cache_params", "past_key_values")):
             found.append(value)  # (a model class threads the cache through its layers: not a mixer)
     return found
+
+
+def _calling(names: set[str]) -> Optional[re.Pattern]:
+    """A call of any of ``names`` (None for none)."""
+    return re.compile(r"\b(?:{})\(".format("|".join(map(re.escape, sorted(names))))) if names else None
 
 
 def _module_functions(module: Any) -> dict[str, str]:

@@ -249,21 +249,22 @@ def test_a_model_that_takes_its_positions_from_the_mask():
 
 
 def test_audit_lists_a_model_type_it_cannot_judge():
-    """A model of a type hfpatch does not patch (Mamba: no positions at all) is listed with why."""
+    """A model of a type hfpatch does not patch (RWKV: a state it keeps itself) is listed with why."""
     _need("gpt2")
     transformers = pytest.importorskip("transformers")
-    if not hasattr(transformers, "MambaConfig"):
-        pytest.skip("no Mamba in this transformers release")
-    config = transformers.MambaConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, state_size=4)
-    mamba = transformers.MambaForCausalLM(config).eval()
+    if not hasattr(transformers, "RwkvConfig"):
+        pytest.skip("no RWKV in this transformers release")
+    sizes = {"hidden_size": 16, "attention_hidden_size": 16, "intermediate_size": 32}
+    config = transformers.RwkvConfig(vocab_size=64, num_hidden_layers=2, **sizes)
+    rwkv = transformers.RwkvForCausalLM(config).eval()
     with hfpatch.audit() as report:
         with torch.no_grad():
-            mamba(input_ids=torch.tensor([[5, 6, 7]]))
+            rwkv(input_ids=torch.tensor([[5, 6, 7]]))
     data = report.as_dict()
-    assert data["mamba"]["calls"] is None and "hfpatch does not patch it" in next(
-        iter(data["mamba"]["not_judged"])
+    assert data["rwkv"]["calls"] is None and "hfpatch does not patch it" in next(
+        iter(data["rwkv"]["not_judged"])
     )
-    assert "not judged: mamba" in str(report)
+    assert "not judged: rwkv" in str(report)
 
 
 @pytest.mark.parametrize(

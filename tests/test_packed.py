@@ -302,7 +302,7 @@ def test_status_says_where_packed_rows_are_kept(arch):
     importlib.import_module(REGISTRY[arch].module)
     packed = hfpatch.status()[arch].packed
     assert packed.startswith("yes") == kept_here(arch), packed
-    assert hfpatch.status()["mamba"].packed.startswith("no")
+    assert hfpatch.status()["rwkv"].packed.startswith("no")
 
 
 def test_not_kept_warns_once_and_runs_as_stock(arch, fresh_warnings):
@@ -475,11 +475,12 @@ def test_the_environment_variable_is_read_by_apply(monkeypatch, model):
         hfpatch.apply(packed=True)
 
 
-@pytest.mark.parametrize("arch", ["mamba", "lfm2"])
+@pytest.mark.parametrize("arch", ["rwkv", "xlstm"])
 def test_models_hfpatch_does_not_fix_warn_of_packed_rows(arch, fresh_warnings):
-    """Recurrent, convolution and linear-attention layers (Mamba, LFM2, the hybrids) carry their state from
-    one packed sequence into the next: hfpatch does not patch them, but a packed call warns, once, and
-    runs as stock, bit for bit; a padded batch whose positions never restart says nothing."""
+    """Recurrent models whose state hfpatch does not reach (RWKV, xLSTM: they keep it themselves, not in
+    layers that read a cache: hfpatch.mixers) carry it from one packed sequence into the next: a packed
+    call warns, once, and runs as stock, bit for bit; a padded batch whose positions never restart says
+    nothing."""
     try:
         __import__("transformers").AutoConfig.for_model(arch)
     except ValueError:

@@ -49,7 +49,8 @@ SIZES = {
     "moe_intermediate_size": 64, "shared_expert_intermediate_size": 64,
     "kv_lora_rank": 32, "q_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16,
     # gated delta-rule layers (Qwen3.5, Qwen3-Next: 16 x 128 key heads by default)
-    "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+    "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+    "linear_key_head_dim": 16, "linear_value_head_dim": 16,
 }  # fmt: skip
 
 _SUB_CONFIGS = ("text_config", "vision_config", "audio_config")

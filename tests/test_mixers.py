@@ -1,0 +1,272 @@
+"""Layers that carry a state from token to token (hfpatch.mixers): a short convolution (LFM2), a gated delta
+rule (Qwen3.5), a selective SSM (Mamba, no attention at all), Mamba2 (Nemotron-H), lightning attention
+(MiniMax), KDA (Kimi Linear). Each kind against each sequence run alone, unpadded, in one call, on stock
+transformers (harness.run_alone): packed rows in every form a collator makes, padded batches split into
+KV-cached calls (random lengths), a packed training step's loss and gradients (checkpointed too), an
+unpadded call whose cache ``generate()`` continues. Stock is wrong in each (the test shows something)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_packed import (
+    NO_DROPOUT,
+    SEQUENCES,
+    pack,
+    packed_grads,
+    relative,
+    run_layout,
+    sequence_grads,
+    worst,
+)
+
+import hfpatch
+from hfpatch.mixers import runs_of
+
+from conftest import REGISTRY, TF, arch_skip_reason, stock
+from harness import TOLERANCE, WRONG, cache_kwarg, max_diff, output_cache, run_alone, run_padded, tolerance_of
+
+pytestmark = pytest.mark.invariant("I9")
+
+# one model type a kind of layer; the quick suite runs two (a hybrid, and a model of state layers alone)
+KINDS = {
+    "gated delta rule": "qwen3_5_text",
+    "selective SSM": "mamba",
+    "short convolution": "lfm2",
+    "Mamba2": "nemotron_h",
+    "lightning attention": "minimax",
+    "KDA": "kimi_linear",
+}
+QUICK = {"gated delta rule", "selective SSM"}
+PARAMS = [
+    pytest.param(arch, id=kind, marks=() if kind in QUICK else pytest.mark.slow)
+    for kind, arch in KINDS.items()
+]
+
+
+def hybrid(arch: str, **sizes):
+    """The tiny model of ``arch`` with eager attention (a model without attention takes no other)."""
+    from hfpatch.verification.tiny import tiny_model
+
+    reason = arch_skip_reason(arch)
+    if reason:
+        pytest.skip(reason)
+    return tiny_model(arch, attention="eager", sizes=sizes or None)
+
+
+def test_runs_of_groups_a_calls_sequences():
+    """A packed row and a padded batch as their mixers run them: each sequence once, groups of one
+    length where the states are kept (similar length where not), the cache row each continues and ends."""
+    real = torch.tensor([[True] * 6, [False, True, True, True, True, False]])
+    segments = torch.tensor([[0, 0, 0, 1, 1, 2], [0, 0, 0, 0, 0, 0]])
+    runs = runs_of(real, segments, torch.device("cpu"), continues=True, keeps=True)
+    found = sorted(
+        (g.index.tolist(), None if g.source is None else g.source.tolist(), g.rows.tolist())
+        for g in runs.groups
+    )
+    assert found == [
+        ([[0, 1, 2]], [0], []),  # row 0's first sequence continues its row; not its last
+        ([[3, 4]], None, []),  # a sequence inside a row starts fresh
+        ([[5]], None, [0]),  # row 0's last sequence ends the row's state
+        ([[7, 8, 9, 10]], [1], [1]),  # row 1: one sequence between its pads
+    ]
+    loose = runs_of(real, segments, torch.device("cpu"), continues=False, keeps=False)
+    assert sorted(g.index.shape[1] for g in loose.groups) == [1, 2, 4]  # (lengths up to a power of 2)
+    one_row = torch.ones(1, 5, dtype=torch.bool), torch.tensor([[0, 0, 1, 1, 2]]), torch.device("cpu")
+    unpadded = runs_of(*one_row, continues=False, keeps=True, unpadded=2)
+    assert sorted(g.rows.tolist() for g in unpadded.groups) == [
+        [],
+        [0, 1],
+    ]  # (a third sequence: kept nowhere)
+    assert unpadded.states == 2
+
+
+@pytest.mark.parametrize(
+    "layout", ["no mask", "an all-ones mask", "two right-padded rows", "an empty cache passed"]
+)
+@pytest.mark.parametrize("arch", PARAMS)
+def test_each_packed_sequence_alone(arch, layout):
+    model = hybrid(arch)
+    try:
+        logits, spans, _ = run_layout(model, layout)
+    except ValueError as exc:  # MiniMax takes a cache of its own type only
+        if layout != "an empty cache passed" or "cache" not in str(exc):
+            raise
+        pytest.skip(f"{type(model).__name__} takes no DynamicCache: {exc}")
+    assert worst(model, logits, spans) <= TOLERANCE
+    with stock():
+        wrong, _, _ = run_layout(model, layout)
+    assert worst(model, wrong, spans) > WRONG, "stock is right here: the test shows nothing"
+
+
+@pytest.mark.parametrize("arch", PARAMS)
+def test_sequences_given_by_their_lengths(arch):
+    """DataCollatorWithFlattening's other batches: ``cu_seq_lens_*`` (``return_flash_attn_kwargs``, what
+    the GPU kernels of these layers read) or ``seq_idx``, positions or not; transformers' torch paths
+    raise or leak given them."""
+    import transformers
+
+    model = hybrid(arch)
+    features = [{"input_ids": list(seq)} for seq in SEQUENCES]
+    spans = [(0, sum(len(s) for s in SEQUENCES[:i]), seq) for i, seq in enumerate(SEQUENCES)]
+    for options in (
+        {"return_flash_attn_kwargs": True},
+        {"return_seq_idx": True},
+        {"return_flash_attn_kwargs": True, "return_position_ids": True},
+    ):
+        batch = transformers.DataCollatorWithFlattening(**{"return_position_ids": False, **options})(features)
+        batch.pop("labels")
+        with torch.no_grad():
+            assert worst(model, model(**batch).logits, spans) <= TOLERANCE, options
+
+
+# a padded batch split into KV-cached calls: left and right padding, a padded prefix continued (holes),
+# rows that sit a call out, by one token and by several
+CASES = {
+    "right-padded prefix + 1": ([[5, 6, 7, 8], [9, 10]], [[3, 1], [1, 1]], [[False, False], [False, False]]),
+    "right-padded prefix + 3": ([[5, 6, 7, 8, 9], [10, 11, 12, 13, 14, 15, 16]], [[2, 4], [3, 3]],
+                                [[False, False], [False, False]]),
+    "four calls": ([[5, 6, 7, 8, 9, 10], [11, 12, 13, 14], [15, 16, 17, 18, 19]],
+                   [[2, 1, 2], [1, 2, 0], [2, 0, 2], [1, 1, 1]],
+                   [[False, True, False], [True, False, False], [False, False, True], [False, True, False]]),
+}  # fmt: skip
+
+
+@pytest.mark.invariant("I1")
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("arch", PARAMS)
+def test_padded_batches_split_into_cached_calls(arch, case):
+    model = hybrid(arch)
+    rows, chunks, left = CASES[case]
+    tolerance = max(tolerance_of(model, rows), 4 * split_noise(model, rows, chunks))
+    assert max_diff(model, rows, run_padded(model, rows, chunks, left)) <= tolerance
+    with stock():
+        try:
+            wrong = max_diff(model, rows, run_padded(model, rows, chunks, left))
+        except RuntimeError:  # (stock Mamba: the mask of past + new tokens meets a step of the new ones)
+            wrong = float("inf")
+    assert wrong > WRONG, "stock is right here: the test shows nothing"
+
+
+def split_noise(model, rows, chunks) -> float:
+    """fp32's own noise of a recurrence run in pieces (a chunked scan, then one-token steps: two
+    algorithms): each row alone, unpadded, split into its calls' pieces, on stock, against it in one call."""
+    worst = 0.0
+    for r, row in enumerate(rows):
+        pieces = [[c[r]] for c in chunks if c[r]]
+        alone = run_padded(model, [row], pieces, [[False]] * len(pieces))
+        worst = max(worst, max_diff(model, [row], alone))
+    return worst
+
+
+@pytest.mark.invariant("I1")
+@settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_random_padded_and_packed_batches(data):
+    """A property over random lengths: a Qwen3.5 batch padded either side, split into cached calls, or a
+    row packing random sequences, each sequence against itself alone."""
+    from compat.cases import random_case
+
+    model = _shared("qwen3_5_text")
+
+    class Draw:
+        def randint(self, low, high):
+            return data.draw(st.integers(low, high))
+
+        def random(self):
+            return data.draw(st.floats(0, 1))
+
+    rows, chunks, left = random_case(Draw(), max_batch=3, max_calls=3, max_new=5)
+    assert max_diff(model, rows, run_padded(model, rows, chunks, left)) <= TOLERANCE
+    lengths = data.draw(st.lists(st.integers(1, 7), min_size=2, max_size=4))
+    sequences = [tuple(range(3 + 10 * i, 3 + 10 * i + n)) for i, n in enumerate(lengths)]
+    kwargs, spans = pack([sequences], mask=data.draw(st.booleans()))
+    with torch.no_grad():
+        assert worst(model, model(**kwargs).logits, spans) <= TOLERANCE
+
+
+_built: dict = {}
+
+
+def _shared(arch: str):
+    if arch not in _built:
+        _built[arch] = hybrid(arch)
+    return _built[arch]
+
+
+@pytest.mark.invariant("I8")
+@pytest.mark.parametrize("checkpointing", [None, "reentrant", "non-reentrant"])
+@pytest.mark.parametrize("arch", PARAMS)
+def test_packed_training_step_is_the_sequences_own(arch, checkpointing):
+    """A packed training step (train mode, labels, no mask, the cache the model makes): the loss and
+    gradients of its sequences alone; transformers' own gradient checkpointing recomputes each layer with
+    the call's sequences (hfpatch._context.CarryContext)."""
+    model = hybrid(arch, **NO_DROPOUT).train()
+    if checkpointing is not None:
+        if not model.supports_gradient_checkpointing:
+            pytest.skip(f"{type(model).__name__} does not checkpoint")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": checkpointing == "reentrant"}
+            )
+    kwargs, spans = pack([list(SEQUENCES)], mask=False)
+    loss, grads = packed_grads(model, kwargs)
+    want_loss, want = sequence_grads(model, spans)
+    assert abs(loss - want_loss) <= 1e-5
+    assert relative(grads, want) <= 1e-4
+    if checkpointing is None:
+        with stock():
+            stock_loss, stock_grads = packed_grads(model, kwargs)
+        assert relative(stock_grads, want) > 1e-2, "stock's packed step is right here: the test shows nothing"
+
+
+@pytest.mark.parametrize("arch", PARAMS)
+def test_unpadded_call_and_its_cache(arch):
+    """``apply(unpad=True)``: a padded prompt runs on its real tokens alone (counted), its logits each row's
+    own, and the cache it returns holds each row's state at its last real token: a decode step continues
+    every row exactly, and greedy ``generate()`` gives each row the tokens it gets alone."""
+    model = hybrid(arch)
+    rows = [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14], [15, 16, 17, 18]]
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([[0] * (width - len(r)) + r for r in rows])  # left-padded, as generate() takes them
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    name = cache_kwarg(model)
+    hfpatch.apply(unpad=True)
+    try:
+        calls = hfpatch.status().unpadded["calls"]
+        with torch.no_grad():
+            out = model(input_ids=ids, attention_mask=mask, use_cache=True)
+        assert hfpatch.status().unpadded["calls"] == calls + 1 and not hfpatch.status().unpadded["padded"]
+        nxt = torch.tensor([[20], [21], [22]])
+        with torch.no_grad():
+            longer = torch.cat([mask, torch.ones(3, 1, dtype=mask.dtype)], 1)
+            step = model(
+                input_ids=nxt, attention_mask=longer, **{name: output_cache(out), "use_cache": True}
+            ).logits
+        longer = [[*row, 20 + r] for r, row in enumerate(rows)]
+        tolerance = max(
+            tolerance_of(model, rows), 4 * split_noise(model, longer, [[len(r) for r in rows], [1, 1, 1]])
+        )
+        for r, row in enumerate(rows):
+            assert (out.logits[r, width - len(row) :] - run_alone(model, row)).abs().max() <= tolerance
+            assert (step[r, -1] - run_alone(model, [*row, 20 + r])[-1]).abs().max() <= tolerance
+        with torch.no_grad():
+            made = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=4, do_sample=False)
+            for r, row in enumerate(rows):
+                alone = model.generate(input_ids=torch.tensor([row]), max_new_tokens=4, do_sample=False)
+                assert made[r, width:].tolist() == alone[0, len(row) :].tolist(), r
+    finally:
+        hfpatch.apply(unpad=False)
+
+
+def test_status_keeps_their_packed_rows():
+    for kind, arch in KINDS.items():
+        if arch_skip_reason(arch) is None:
+            __import__(REGISTRY[arch].module)
+            assert hfpatch.status()[arch].packed.startswith("yes"), (kind, hfpatch.status()[arch])
+    assert TF  # (a release without any of them: nothing to say)
