@@ -99,13 +99,15 @@ def _quiet_transformers() -> None:
     transformers.logging.set_verbosity_error()
 
 
-# the doctor's models: gpt2 (absolute positions), llama and gemma (rotary)
-DOCTOR_MODELS = ("gpt2", "llama", "gemma")
+# the doctor's models: gpt2 (absolute positions), llama and gemma (rotary), qwen3_5_text (a hybrid)
+DOCTOR_MODELS = ("gpt2", "llama", "gemma", "qwen3_5_text")
 WHY = """\
 Why stock is wrong: a plain forward call numbers the tokens by cache column, not by the mask.
 - Absolute positions (gpt2 below): any padding shifts every real token, left padding in one call too.
 - Rotary positions (llama, gemma): a uniform left shift cancels, so left padding in one call is right;
-  the holes of a padded cached prefix do not cancel (nor windows, nor rope scaled by the length)."""
+  the holes of a padded cached prefix do not cancel (nor windows, nor rope scaled by the length).
+- Layers that carry a state (qwen3_5_text: a gated delta rule beside attention; Mamba, LFM2 ...): a pad
+  inside a row, or an earlier sequence packed in it, moves the state on; hfpatch runs each sequence alone."""
 
 
 def doctor() -> int:
@@ -140,13 +142,15 @@ def doctor() -> int:
         result = check(models.get(arch) or tiny_model(arch))
         failed |= not result.ok
         print(f"{result}\n")
-    if status["llama"].state == engine.APPLIED and status["llama"].packed.startswith("yes"):
-        sizes = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2}
-        failed |= not _packed_and_unpadded(tiny_model("llama", attention="sdpa", sizes=sizes))
+    sizes = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2}
+    for arch, attention in (("llama", "sdpa"), ("qwen3_5_text", "sdpa")):
+        if status[arch].state == engine.APPLIED and status[arch].packed.startswith("yes"):
+            label = f"{arch}, {'SDPA' if attention == 'sdpa' else attention}"
+            failed |= not _packed_and_unpadded(tiny_model(arch, attention=attention, sizes=sizes), label)
     return WRONG if failed else OK
 
 
-def _packed_and_unpadded(model: Any) -> bool:
+def _packed_and_unpadded(model: Any, label: str) -> bool:
     """The doctor's last table: a row packing three sequences (positions restarting), and a skewed
     right-padded batch run with ``apply(unpad=True)``, beside stock: each sequence against itself alone,
     and the median time of a call."""
@@ -185,14 +189,12 @@ def _packed_and_unpadded(model: Any) -> bool:
             engine.apply(unpad=False)
         return logits, sorted(times)[2] * 1e3
 
-    print(
-        "llama, SDPA: packed rows, and a padded batch run on its real tokens (each sequence vs itself alone)"
-    )
+    print(f"{label}: packed rows, and a padded batch run on its real tokens (each sequence vs itself alone)")
     print(
         f"  {'call':48} {'stock max|diff|':>16} {'hfpatch max|diff|':>18} {'stock ms':>9} {'hfpatch ms':>11}"
     )
     exact = True
-    for label, kwargs, spans, which, unpad in calls:
+    for call, kwargs, spans, which, unpad in calls:
         with engine.unpatched():
             stock, stock_ms = run(kwargs, False)
         ours, ours_ms = run(kwargs, unpad)
@@ -204,7 +206,7 @@ def _packed_and_unpadded(model: Any) -> bool:
             for logits in (stock, ours)
         ]
         exact &= diffs[1] <= 1e-5
-        print(f"  {label:48} {diffs[0]:16.2e} {diffs[1]:18.2e} {stock_ms:9.1f} {ours_ms:11.1f}")
+        print(f"  {call:48} {diffs[0]:16.2e} {diffs[1]:18.2e} {stock_ms:9.1f} {ours_ms:11.1f}")
     return exact
 
 

@@ -254,6 +254,10 @@ def watched(
     if args:
         with contextlib.suppress(TypeError):  # arguments the call itself rejects, saying so
             _bind_positional(adapter, plan, args, named)
+    if plan.handed and CALL.handed is not None and named.get("position_ids") is None:
+        named["position_ids"] = (
+            CALL.handed
+        )  # (positions its task head drops: the call packs its rows by them)
     call = functools.partial(forward, model, *args, **kwargs)
     return run_watched(model, adapter, named, patched_here(pin), plan.ids_rank, call)
 

@@ -14,13 +14,13 @@ import torch
 
 from ._compat import output_cache
 from ._context import CALL
-from .caches import capacity, first_layer_keys, past_length
+from .caches import capacity, first_layer_keys, past_length, state_length
 from .declarations import PADDED_TABLE, SINUSOID, TABLE
 from .observers import call_site, fingerprint, keys_fingerprint
 from .packed import packed_rows
 from .positions import new_token_positions, packed_stock_error, stock_error
 from .rope import DYNAMIC, scaled_rope
-from .sources import hands_positions_to_mask_functions, source_of
+from .sources import hands_positions_to_mask_functions, source_of, state_mixers
 from .support import in_range, installed_transformers
 from .windows import CHUNKED, backend_of, layer_types, positional, text_config, window_of
 
@@ -167,14 +167,17 @@ class _Facts:
 def _detects_packing(model: Any, adapter: Any) -> bool:
     """Whether the release's own mask code keeps a packed row to its sequences when the call has neither
     a mask nor a cache (masking_utils, 4.53+, for a class that hands its positions to it), or its flash
-    attention does (without a mask: by the positions)."""
+    attention does (without a mask: by the positions). Never where the model has layers that carry a state
+    (:mod:`hfpatch.mixers`): no mask reaches them."""
+    owner = next((type(m) for m in model.modules() if type(m).__name__ == adapter.cls), None)
+    if owner is not None and state_mixers(sys.modules.get(owner.__module__)):
+        return False  # (layers that carry a state take no mask: transformers' own packing leaves them whole)
     used = backend_of(getattr(getattr(model, "config", None), "_attn_implementation", None))
     if used is not None and used.own_packing:
         return True
     masking = sys.modules.get("transformers.masking_utils")
     if getattr(masking, "find_packed_sequence_indices", None) is None:
         return False
-    owner = next((type(m) for m in model.modules() if type(m).__name__ == adapter.cls), None)
     source = source_of(owner.forward) if owner is not None else None
     return source is not None and hands_positions_to_mask_functions(source)
 
@@ -216,7 +219,8 @@ def _judge(seen: Any, facts: _Facts, numbering: Any = None) -> Any:
     if capacity(cache) is not None:
         return "a static cache"
     num_new, length = tokens.shape[1], mask.shape[1]
-    if past_length(cache) + num_new != length:
+    held = state_length(cache)  # (None: a cache of state layers alone that counts nothing: the mask says)
+    if held is not None and held + num_new != length:
         return "a mask that is not past + new tokens long"
     if given is not None and not the_masks_positions(given, mask, num_new):
         return OWN_POSITIONS
