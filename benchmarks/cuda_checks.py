@@ -6,6 +6,7 @@
     python benchmarks/cuda_checks.py unpad      # only 5.
     python benchmarks/cuda_checks.py precision  # only 6.
     python benchmarks/cuda_checks.py length     # only 7.
+    python benchmarks/cuda_checks.py hybrids    # only 8.
 
 1. CUDA graphs: greedy decoding with a StaticCache and implicit positions (hfpatch derives them from
    the mask) under ``torch.compile(mode="reduce-overhead")`` gives the same tokens as eager.
@@ -42,6 +43,15 @@
    (CUDA events, median of 5) and peak memory (``max_memory_allocated``), and each sequence's logits
    against its own batch row at bf16's tolerance; and its device syncs (``set_sync_debug_mode("warn")``)
    at most one more than the sequences' own batch's (the call's one host read).
+8. Models whose layers carry a state (hfpatch.mixers) on the GPU: Qwen3.5 (gated delta rule), LFM2 (short
+   convolution), Mamba (selective SSM, no attention), Nemotron-H (Mamba2), fp32, TF32 off, on
+   transformers' torch paths (``USE_HUB_KERNELS=0``; what a device without fla, causal-conv1d and
+   mamba_ssm runs): a row packing three sequences (no mask, the collator's ``cu_seq_lens_*`` and its
+   ``seq_idx``), a right-padded cached prefix continued by 1 and by 3 tokens, left padding in one call, and
+   ``apply(unpad=True)``'s prefill and one step, each real token against its sequence alone; a packed
+   call's device syncs at most one more than its sequences' own batch's. Where fla / causal_conv1d /
+   mamba_ssm import, transformers' own kernel path given the lengths runs beside it: its result against
+   the sequences alone and both times (printed, not checked).
 """
 
 from __future__ import annotations
@@ -516,9 +526,118 @@ def _at_length(model, length: int, varlen_attn) -> bool:
     return worst <= limit and synced
 
 
+HYBRIDS = ("qwen3_5_text", "lfm2", "mamba", "nemotron_h")
+
+
+def hybrids(device: str = "cuda") -> bool:
+    """Check 8: packed, padded, continued and unpadded calls of models with state layers on the GPU."""
+    import importlib.util
+
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    kernels = [name for name in ("fla", "causal_conv1d", "mamba_ssm") if importlib.util.find_spec(name)]
+    print(
+        f"hybrids: kernels importable here: {', '.join(kernels) or 'none'} (hfpatch's path runs either way)"
+    )
+    return all([_hybrid(arch, bool(kernels), device) for arch in HYBRIDS])
+
+
+def _verdict(label: str, worst: float, noise: float = 0.0) -> bool:
+    """One line; the tolerance is fp32's, or four times the recurrence's own noise in pieces (``noise``)."""
+    limit = max(TOLERANCE, 4 * noise)
+    print(f"hybrids, {label}: {worst:.2e} (tolerance {limit:.1e}) {'ok' if worst <= limit else 'WRONG'}")
+    return worst <= limit
+
+
+def _split_noise(model, rows, chunks, device: str) -> float:
+    """fp32's own noise of a recurrence run in pieces (a chunked scan, then steps: two algorithms): each
+    row alone, unpadded, on stock, its first call's tokens in one call and the rest one at a time (the path
+    every model continues right: some restart their state in a cached call of several), against it in one
+    call."""
+    worst, name = 0.0, cache_name(model)
+    with hfpatch.unpatched(), torch.no_grad():
+        for r, row in enumerate(rows):
+            cache, taken, pieces = None, 0, []
+            counts = [c[r] for c in chunks if c[r]]
+            for n in counts[:1] + [1] * sum(counts[1:]):  # (no mask: every token real)
+                out = model(input_ids=torch.tensor([row[taken : taken + n]], device=device), use_cache=True,
+                            **{name: cache})  # fmt: skip
+                cache, taken = output_cache(out), taken + n
+                pieces.append(out.logits[0].float())
+            worst = max(worst, (torch.cat(pieces) - _alone(model, row[:taken], device)).abs().max().item())
+    return worst
+
+
+def _hybrid(arch: str, kernels: bool, device: str) -> bool:
+    import transformers
+
+    model = tiny_model(arch, attention="eager").to(device)
+    alone = [_alone(model, list(seq), device) for seq in SEQUENCES]
+    starts = [0, len(SEQUENCES[0]), len(SEQUENCES[0]) + len(SEQUENCES[1])]
+    features = [{"input_ids": list(seq)} for seq in SEQUENCES]
+
+    def batch(**options) -> dict:
+        made = transformers.DataCollatorWithFlattening(return_position_ids=False, **options)(features)
+        return {
+            k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in made.items() if k != "labels"
+        }
+
+    positions = torch.cat([torch.arange(len(s)) for s in SEQUENCES])[None].to(device)
+    packed = {"input_ids": torch.tensor([sum(SEQUENCES, [])], device=device), "position_ids": positions}
+    calls = {
+        "no mask": packed,
+        "cu_seq_lens": batch(return_flash_attn_kwargs=True),
+        "seq_idx": batch(return_seq_idx=True),
+    }
+    ok = True
+    for label, kwargs in calls.items():
+        with torch.no_grad():
+            logits = model(**kwargs).logits[0].float()
+        worst = max((logits[s : s + len(a)] - a).abs().max().item() for s, a in zip(starts, alone))
+        ok &= _verdict(f"{arch}, packed, {label}", worst)
+    rows = [list(range(5, 13)), list(range(20, 28))]  # (8 tokens each: every PADDED scenario fits)
+    for label, (chunks, left) in PADDED:
+        got = _run(model, rows, chunks, left, device)
+        worst = max((g - _alone(model, r[: len(g)], device)).abs().max().item() for g, r in zip(got, rows))
+        ok &= _verdict(f"{arch}, {label}", worst, _split_noise(model, rows, chunks, device))
+    hfpatch.apply(unpad=True)
+    try:
+        got = _run(model, rows, ((3, 5), (1, 1)), ((True, True), (False, False)), device)
+    finally:
+        hfpatch.apply(unpad=False)
+    worst = max((g - _alone(model, r[: len(g)], device)).abs().max().item() for g, r in zip(got, rows))
+    noise = _split_noise(model, rows, ((3, 5), (1, 1)), device)
+    ok &= _verdict(f"{arch}, unpad=True, a left-padded prefill + 1 step", worst, noise)
+    if device == "cuda":
+        own = torch.nn.utils.rnn.pad_sequence([torch.tensor(s) for s in SEQUENCES], batch_first=True).to(
+            device
+        )
+        with torch.no_grad():
+            _, own_syncs = _syncs(lambda: model(input_ids=own, use_cache=False))
+            _, our_syncs = _syncs(lambda: model(**packed, use_cache=False))
+        synced = our_syncs <= own_syncs + 1
+        print(f"hybrids, {arch}: a packed call's device syncs {our_syncs} against {own_syncs} "
+              f"{'ok' if synced else 'TOO MANY'}")  # fmt: skip
+        ok &= synced
+    if kernels:  # transformers' own packed path, its kernels given the lengths (printed, not checked)
+        given = {**calls["cu_seq_lens"], "seq_idx": calls["seq_idx"]["seq_idx"]}
+        with torch.no_grad():
+            try:
+                with hfpatch.unpatched():
+                    theirs_ms, _, theirs = _timed(lambda: model(**given).logits[0].float())
+                ours_ms, _, _ = _timed(lambda: model(**packed).logits)
+                worst = max((theirs[s : s + len(a)] - a).abs().max().item() for s, a in zip(starts, alone))
+                print(f"hybrids, {arch}: the kernels' packed path {theirs_ms:.1f} ms ({worst:.2e} off), "
+                      f"hfpatch's {ours_ms:.1f} ms")  # fmt: skip
+            except Exception as exc:  # noqa: BLE001 - a kernel this device or release does not run
+                print(f"hybrids, {arch}: the kernels' packed path did not run: {type(exc).__name__}: {exc}")
+    return ok
+
+
 def main(argv: list[str]) -> int:
-    if argv not in ([], ["seq2seq"], ["attention"], ["unpad"], ["precision"], ["length"]):
-        print("usage: python benchmarks/cuda_checks.py [seq2seq | attention | unpad | precision | length]")
+    if argv not in ([], ["seq2seq"], ["attention"], ["unpad"], ["precision"], ["length"], ["hybrids"]):
+        print(
+            "usage: python benchmarks/cuda_checks.py [seq2seq | attention | unpad | precision | length | hybrids]"
+        )
         return 2
     if not torch.cuda.is_available():
         print("no CUDA device: these checks need a GPU")
@@ -544,6 +663,10 @@ def main(argv: list[str]) -> int:
             return 0 if ok else 1
     if argv in ([], ["length"]):
         ok &= at_length()
+        if argv:
+            return 0 if ok else 1
+    if argv in ([], ["hybrids"]):
+        ok &= hybrids()
         if argv:
             return 0 if ok else 1
     decoder_only = (

@@ -46,13 +46,16 @@ class Group(NamedTuple):
     over the call's ``rows x length``; ``valid`` ``[sequences, longest]`` where they are real (None: every
     sequence is ``longest`` long; a short one is padded at its end, which a causal layer never reads
     back); ``source`` ``[sequences]``, the cache row each continues (None: each starts fresh);
-    ``members`` and ``rows``: the sequences whose final state the cache keeps, and in which of its rows."""
+    ``members`` and ``rows``: the sequences whose final state the cache keeps, and in which of its rows;
+    ``real``: where ``valid`` is given, the flat numbers of its real entries over ``sequences x longest``
+    and the call's tokens they go to (read on the host with the rest: no device sync a layer)."""
 
     index: Tensor
     valid: Optional[Tensor]
     source: Optional[Tensor]
     members: Tensor
     rows: Tensor
+    real: Optional[tuple[Tensor, Tensor]] = None
 
 
 class Runs(NamedTuple):
@@ -131,15 +134,16 @@ def runs_of(
         index = flat[first[:, None] + torch.where(valid, offsets[None, :longest], 0)]
         kept = [j for j, i in enumerate(members) if targets[i] >= 0]
         source = torch.tensor([sources[i] for i in members]) if sources[members[0]] >= 0 else None
+        padded = not bool(valid.all())
+        to = functools.partial(Tensor.to, device=device, non_blocking=True)
         groups.append(
             Group(
-                index.to(device, non_blocking=True),
-                None if bool(valid.all()) else valid.to(device, non_blocking=True),
-                None if source is None else source.to(device, non_blocking=True),
-                torch.tensor(kept, dtype=torch.long).to(device, non_blocking=True),
-                torch.tensor([targets[members[j]] for j in kept], dtype=torch.long).to(
-                    device, non_blocking=True
-                ),
+                to(index),
+                to(valid) if padded else None,
+                None if source is None else to(source),
+                to(torch.tensor(kept, dtype=torch.long)),
+                to(torch.tensor([targets[members[j]] for j in kept], dtype=torch.long)),
+                (to(valid.reshape(-1).nonzero().squeeze(1)), to(index[valid])) if padded else None,
             )
         )
     return Runs((rows, length), unpadded or rows, tuple(groups), steps)
@@ -282,13 +286,13 @@ def _scattered(result: Any, outputs: Optional[list[Any]], group: Group, size: in
             else None
             for p in parts
         ]  # fmt: skip
-    index = group.index.reshape(-1) if group.valid is None else group.index[group.valid]
+    index = group.index.reshape(-1) if group.real is None else group.real[1]
     for i, part in enumerate(parts):
         if outputs[i] is None or not isinstance(part, Tensor):
             continue
         values = part.reshape(sequences * longest, *part.shape[2:])
-        if group.valid is not None:
-            values = values[group.valid.reshape(-1)]
+        if group.real is not None:
+            values = values.index_select(0, group.real[0])
         outputs[i].index_copy_(0, index, values.to(outputs[i].dtype))  # (in place: autograd follows it)
     return outputs
 
