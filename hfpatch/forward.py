@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Any, Optional, Union
 
@@ -89,6 +90,9 @@ def make_forward(adapter: Adapter, original: Callable, plan: Plan, pin: Pin) -> 
     mixes = plan.mixers  # layers that carry a state: by sequence (hfpatch.mixers)
     steps = plan.steps  # ... one token at a time in a cached call (Adapter.steps)
     trims = not adapter.family.attends  # ... the mask of the new tokens alone (no attention to take more)
+    # positions its task head handed on (CALL.handed) that a forward without attention does not take (4.x
+    # Mamba's): they found the call's sequences, and go no further
+    drops_positions = trims and not _takes(original, "position_ids")
     # apply(unpad=True): None where its padded calls may run on their real tokens, else why they stay padded
     stays_padded = why_padded_here(adapter, plan)
     # explicit position_ids leave nothing to derive (4.38-5.3: unless a static cache's slots are missing)
@@ -169,6 +173,8 @@ def make_forward(adapter: Adapter, original: Callable, plan: Plan, pin: Pin) -> 
             return _with_eager_mask(original, self, kwargs)
         if mixes and not is_compiling():
             runs = call_runs(self, given, packed, derived, cache, kwargs, steps, trims)
+            if drops_positions:
+                kwargs.pop("position_ids", None)
             if runs is not None:  # its layers that carry a state run each sequence alone (hfpatch.mixers)
                 return _mixing(original, self, kwargs, runs)
         return original(self, **kwargs)
@@ -345,6 +351,15 @@ def _with_eager_mask(original: Callable, model: Any, kwargs: dict) -> Any:
         return original(model, **kwargs)
     finally:
         CALL.eager_mask = False
+
+
+def _takes(function: Callable, name: str) -> bool:
+    """Whether ``function`` takes the keyword ``name`` (by name, or through ``**kwargs``)."""
+    try:
+        params = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
 def _bind_positional(adapter: Adapter, plan: Plan, args: tuple, kwargs: dict) -> None:

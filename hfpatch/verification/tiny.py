@@ -330,7 +330,27 @@ def shrunk_config(
         elif sub is None and name not in params:
             overrides.pop(name, None)  # a sub-config override for the wrapper an alias has (see tiny_config)
     kwargs.update(overrides)
-    return config_class(**kwargs)
+    old = any("mamba" in (_field(default, name) or ()) for name in _LAYER_TYPE_FIELDS)
+    try:
+        return config_class(**(_spelt_old(kwargs) if old else kwargs))
+    except ValueError:  # (a config that checks its layer types and has no default ones: 4.57's Granite)
+        if old or kwargs == _spelt_old(kwargs):
+            raise
+        return config_class(**_spelt_old(kwargs))
+
+
+def _spelt_old(kwargs: dict) -> dict:
+    """Before 5.0 the hybrids' layer types were spelt ``mamba`` and ``attention``."""
+    return {
+        name: [_OLD_SPELLING.get(kind, kind) for kind in value]
+        if name in _LAYER_TYPE_FIELDS and isinstance(value, list)
+        else value
+        for name, value in kwargs.items()
+    }
+
+
+_LAYER_TYPE_FIELDS = ("layer_types", "layers_block_type")
+_OLD_SPELLING = {"linear_attention": "mamba", "full_attention": "attention"}
 
 
 def _field(config: Any, name: str) -> Any:
