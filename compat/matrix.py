@@ -87,6 +87,7 @@ PER_RELEASE = [
     "tests/test_invariant.py",
     "tests/test_layout.py",
     "tests/test_lifecycle.py",
+    "tests/test_mixers.py",
     "tests/test_packed.py",
     "tests/test_precision.py",
     "tests/test_rope.py",

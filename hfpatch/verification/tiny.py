@@ -51,6 +51,10 @@ SIZES = {
     # gated delta-rule layers (Qwen3.5, Qwen3-Next: 16 x 128 key heads by default)
     "linear_num_key_heads": 2, "linear_num_value_heads": 4,
     "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+    # Mamba2 layers (Bamba, GraniteMoeHybrid, Nemotron-H, Zamba2: 128 heads x 64 by default, and a scan over
+    # chunks of 256 whose intermediates are GiBs): 8 heads x 16 (hidden 64 x expand 2), states of 16
+    "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_num_heads": 8, "mamba_head_dim": 16, "mamba_headdim": 16,
+    "mamba_d_state": 16, "ssm_state_size": 16, "mamba_chunk_size": 16,
 }  # fmt: skip
 
 _SUB_CONFIGS = ("text_config", "vision_config", "audio_config")
