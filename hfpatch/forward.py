@@ -242,7 +242,8 @@ def packed_support(adapter: Adapter, plan: Plan) -> str:
     if masks is None or not masks.packed:
         return f"no: {NO_4D_MASK}"
     alibi = "; not with alibi=True" if masks.alibi and family.hands_to is None else ""  # (Falcon's)
-    return f"yes ({', '.join(kept_on(masks))}{alibi})"
+    state = f"; {STATE_LAYERS}" if plan.mixers else ""
+    return f"yes ({', '.join(kept_on(masks))}{alibi}{state})"
 
 
 STATE_LAYERS = "its layers that carry a state run each sequence alone"

@@ -85,9 +85,16 @@ def test_runs_of_groups_a_calls_sequences():
     assert unpadded.states == 2
 
 
-@pytest.mark.parametrize(
-    "layout", ["no mask", "an all-ones mask", "two right-padded rows", "an empty cache passed"]
-)
+LAYOUTS = [
+    "no mask",
+    "no mask, use_cache=False",
+    "an all-ones mask",
+    "two right-padded rows",
+    "an empty cache passed",
+]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("arch", PARAMS)
 def test_each_packed_sequence_alone(arch, layout):
     model = hybrid(arch)
