@@ -366,8 +366,6 @@ def _attends(layer: Any) -> bool:
 # a 5.x linear-attention cache layer's per-state dicts (``{state index: tensor}``), and its flags
 LAYER_STATES = ("conv_states", "recurrent_states")
 LAYER_FLAGS = ("is_conv_states_initialized", "is_recurrent_states_initialized", "has_previous_state")
-# a cache's per-layer lists of states (4.x hybrid caches; MiniMax's ``linear_cache``)
-STATE_LISTS = ("conv_states", "ssm_states", "recurrent_states", "conv_cache", "linear_cache")
 
 
 def _linear_layer(cache: Any, layer: int) -> Any:
@@ -414,37 +412,57 @@ def group_cache(cache: Any, layer: int, source: Optional[torch.Tensor], size: in
                     flags.update(dict.fromkeys(flags, False))
         proxy.layers = [*cache.layers[:layer], mine, *cache.layers[layer + 1 :]]
         return proxy
-    for name in STATE_LISTS:
-        states = getattr(cache, name, None)
-        if isinstance(states, list) and layer < len(states):
-            state = states[layer]
-            if (
-                isinstance(state, torch.Tensor) and state.dim() and state.shape[0]
-            ):  # (else: made at first use)
-                fresh = source is None
-                state = state.new_zeros(size, *state.shape[1:]) if fresh else state.index_select(0, source)
-            setattr(proxy, name, [*states[:layer], state, *states[layer + 1 :]])
+    for name, states in _containers(cache, layer):
+        state = states[layer]
+        if isinstance(state, torch.Tensor) and state.dim() and state.shape[0]:  # (else: made at first use)
+            fresh = source is None
+            state = state.new_zeros(size, *state.shape[1:]) if fresh else state.index_select(0, source)
+        mine = dict(states) if isinstance(states, dict) else list(states)
+        mine[layer] = state
+        setattr(proxy, name, mine)
     if isinstance(vars(cache).get("has_previous_state"), bool):  # 4.x: one flag for the cache's states
         proxy.has_previous_state = source is not None
     return proxy
 
 
-def layer_states(cache: Any, layer: int) -> dict[tuple[str, Any], torch.Tensor]:
-    """The states of layer ``layer`` a (stand-in) cache holds, by where they go: ``(dict name, state
-    index)`` of a 5.x linear-attention layer, ``(list name, None)`` of a 4.x cache's lists."""
+def _containers(cache: Any, layer: int) -> list[tuple[str, Any]]:
+    """A 4.x (or early 5.x) cache's per-layer containers that hold an entry for ``layer``: its lists and
+    dicts by layer index (``conv_states``, ``ssm_states``, ``recurrent_states``, ``conv_cache``,
+    ``linear_cache``, ``key_cache`` ...: whichever the release's class keeps)."""
+    found = []
+    for name, states in vars(cache).items():
+        if name.startswith("_"):
+            continue
+        listed = isinstance(states, list) and layer < len(states)
+        if listed or (isinstance(states, dict) and layer in states):
+            found.append((name, states))
+    return found
+
+
+def layer_states(cache: Any, layer: int, size: int) -> dict[tuple[str, Any], torch.Tensor]:
+    """The states of layer ``layer`` a (stand-in) cache holds for a group of ``size`` sequences, by where
+    they go: ``(dict name, state index)`` of a 5.x linear-attention layer, ``(container name, None)`` of
+    an older cache's lists or dicts (what holds no row of the group, an attention's empty entry, is left)."""
     own = _linear_layer(cache, layer)
     found = {}
     if own is not None:
         for name in LAYER_STATES:
             for i, state in getattr(own, name).items():
-                if isinstance(state, torch.Tensor):
+                if isinstance(state, torch.Tensor) and state.dim() and state.shape[0] == size:
                     found[(name, i)] = state
         return found
-    for name in STATE_LISTS:
-        states = getattr(cache, name, None)
-        if isinstance(states, list) and layer < len(states) and isinstance(states[layer], torch.Tensor):
-            found[(name, None)] = states[layer]
+    for name, states in _containers(cache, layer):
+        state = states[layer]
+        if isinstance(state, torch.Tensor) and state.dim() and state.shape[0] == size and state.numel():
+            found[(name, None)] = state
     return found
+
+
+def carry_flags(proxy: Any, cache: Any) -> None:
+    """A flag a layer raised on the stand-in of a cache that keeps one for all its states (4.x and early
+    5.x: LFM2's conv layer says ``has_previous_state`` itself), raised on the cache too."""
+    if vars(proxy).get("has_previous_state") is True and vars(cache).get("has_previous_state") is False:
+        cache.has_previous_state = True
 
 
 def put_states(cache: Any, layer: int, kept: list, rows: int, tokens: int) -> None:

@@ -218,7 +218,8 @@ def _by_sequence(original: Callable, module: Any, bound: inspect.BoundArguments,
             result = original(module, **args)
         outputs = _scattered(result, outputs, group, rows * length)
         if sub is not None and len(group.members):
-            kept.append((caches.layer_states(sub, layer), group.members, group.rows))
+            kept.append((caches.layer_states(sub, layer, len(group.index)), group.members, group.rows))
+            caches.carry_flags(sub, cache)
     if cache is not None:
         caches.put_states(cache, layer, kept, runs.states, length)
     if outputs is None:  # (no real token in the call)
