@@ -363,19 +363,37 @@ def _attends(layer: Any) -> bool:
 
 # --- the states of layers that carry one from token to token (hfpatch.mixers) -------------------------
 
-# a 5.x linear-attention cache layer's per-state dicts (``{state index: tensor}``), and its flags
+# a 5.x linear-attention cache layer's states: dicts ``{state index: tensor}`` (5.11+), single tensors
+# before (5.5-5.10); and its flags (dicts or bools alike)
 LAYER_STATES = ("conv_states", "recurrent_states")
 LAYER_FLAGS = ("is_conv_states_initialized", "is_recurrent_states_initialized", "has_previous_state")
 
 
 def _linear_layer(cache: Any, layer: int) -> Any:
-    """A 5.x cache's linear-attention layer object at ``layer`` (its states in dicts), or None."""
+    """A 5.x cache's linear-attention layer object at ``layer`` (its states on it), or None."""
     layers = getattr(cache, "layers", None)
     if isinstance(layers, list) and layer < len(layers):
         found = layers[layer]
-        if isinstance(getattr(found, "conv_states", None), dict):
+        if hasattr(found, "conv_states") and hasattr(found, "has_previous_state"):
             return found
     return None
+
+
+def _slots(holder: Any) -> list[Any]:
+    """The keys of a layer's states or flags: a dict's (its state indices), or None for a single one."""
+    return list(holder) if isinstance(holder, dict) else [None]
+
+
+def _get(owner: Any, name: str, key: Any) -> Any:
+    value = getattr(owner, name)
+    return value[key] if isinstance(value, dict) else value
+
+
+def _set(owner: Any, name: str, key: Any, value: Any) -> None:
+    if isinstance(getattr(owner, name), dict):
+        getattr(owner, name)[key] = value
+    else:
+        setattr(owner, name, value)
 
 
 def group_cache(cache: Any, layer: int, source: Optional[torch.Tensor], size: int) -> Any:
@@ -395,21 +413,21 @@ def group_cache(cache: Any, layer: int, source: Optional[torch.Tensor], size: in
                 dict(v)
                 if isinstance(v, dict)
                 else v.clone()
-                if isinstance(v, torch.Tensor) and v.dim() == 0
+                if isinstance(v, torch.Tensor) and not v.dim()
                 else v,
             )
             for k, v in vars(own).items()
         )  # (its dicts, its 0-d count: its own)
         for name in LAYER_STATES:
-            states = getattr(mine, name)
-            for i, state in states.items():
+            for key in _slots(getattr(mine, name, None)):
+                state = _get(mine, name, key)
                 fresh = source is None or not isinstance(state, torch.Tensor)
-                states[i] = None if fresh else state.index_select(0, source)
+                _set(mine, name, key, None if fresh else state.index_select(0, source))
         if source is None:
             for name in LAYER_FLAGS:
-                flags = getattr(mine, name, None)
-                if isinstance(flags, dict):
-                    flags.update(dict.fromkeys(flags, False))
+                if hasattr(mine, name):
+                    for key in _slots(getattr(mine, name)):
+                        _set(mine, name, key, False)
         proxy.layers = [*cache.layers[:layer], mine, *cache.layers[layer + 1 :]]
         return proxy
     for name, states in _containers(cache, layer):
@@ -441,15 +459,17 @@ def _containers(cache: Any, layer: int) -> list[tuple[str, Any]]:
 
 def layer_states(cache: Any, layer: int, size: int) -> dict[tuple[str, Any], torch.Tensor]:
     """The states of layer ``layer`` a (stand-in) cache holds for a group of ``size`` sequences, by where
-    they go: ``(dict name, state index)`` of a 5.x linear-attention layer, ``(container name, None)`` of
-    an older cache's lists or dicts (what holds no row of the group, an attention's empty entry, is left)."""
+    they go: ``(state name, state index or None)`` of a 5.x linear-attention layer, ``(container name,
+    None)`` of an older cache's lists or dicts (what holds no row of the group, an attention's empty entry,
+    is left)."""
     own = _linear_layer(cache, layer)
     found = {}
     if own is not None:
         for name in LAYER_STATES:
-            for i, state in getattr(own, name).items():
+            for key in _slots(getattr(own, name, None)):
+                state = _get(own, name, key)
                 if isinstance(state, torch.Tensor) and state.dim() and state.shape[0] == size:
-                    found[(name, i)] = state
+                    found[(name, key)] = state
         return found
     for name, states in _containers(cache, layer):
         state = states[layer]
@@ -469,34 +489,39 @@ def put_states(cache: Any, layer: int, kept: list, rows: int, tokens: int) -> No
     """Write the states each group of sequences ended with (``kept``: ``(layer_states(...), members,
     cache rows)``) into ``cache``'s rows of layer ``layer`` (``rows`` of them: a state the cache has not
     made yet is made, zeros elsewhere), as the layer would have written them running the rows itself;
-    a 5.x layer's flags and its count of tokens (``tokens`` more) too."""
+    a 5.x layer's flags, its kernel sizes, its count of tokens (``tokens`` more) too."""
     own = _linear_layer(cache, layer)
     for states, members, at in kept:
-        for (name, i), state in states.items():
+        for (name, key), state in states.items():
             chosen = state.index_select(0, members)
-            holder = getattr(own, name) if own is not None else getattr(cache, name)
-            key = i if own is not None else layer
-            current = holder[key]
+            if own is not None:
+                current = _get(own, name, key)
+            else:
+                current = getattr(cache, name)[layer]
             if not isinstance(current, torch.Tensor) or tuple(current.shape) != (rows, *state.shape[1:]):
                 current = state.new_zeros(rows, *state.shape[1:])
-                holder[key] = current
+                if own is not None:
+                    _set(own, name, key, current)
+                else:
+                    getattr(cache, name)[layer] = current
             current.index_copy_(0, at, chosen.to(current.dtype))
             if own is not None:
                 for flag in LAYER_FLAGS:
-                    if name[:4] in flag or flag == "has_previous_state":
-                        getattr(own, flag)[i] = True
-    if own is not None:
-        if isinstance(getattr(own, "cumulative_length_linear", None), torch.Tensor):
-            own.cumulative_length_linear.add_(tokens)
-        for state in (s for states, _, _ in kept for s in states.values()):
-            own.dtype, own.device = own.dtype or state.dtype, own.device or state.device
-            break
-        sizes = getattr(own, "conv_kernel_size", None)
-        if isinstance(sizes, dict):
-            for states, _, _ in kept:
-                for (name, i), state in states.items():
-                    if name == "conv_states" and sizes.get(i) is None:
-                        sizes[i] = state.shape[-1]
+                    if hasattr(own, flag) and (name[:4] in flag or flag == "has_previous_state"):
+                        _set(own, flag, key, True)
+    if own is None:
+        return
+    if isinstance(getattr(own, "cumulative_length_linear", None), torch.Tensor):
+        own.cumulative_length_linear.add_(tokens)
+    made = [(name, key, state) for states, _, _ in kept for (name, key), state in states.items()]
+    if made and hasattr(own, "dtype") and getattr(own, "dtype", None) is None:
+        own.dtype, own.device = made[0][2].dtype, made[0][2].device
+    sizes = getattr(own, "conv_kernel_size", None)
+    for name, key, state in made:
+        if name == "conv_states" and isinstance(sizes, dict) and sizes.get(key) is None:
+            sizes[key] = state.shape[-1]
+        elif name == "conv_states" and hasattr(own, "conv_kernel_size") and sizes is None:
+            own.conv_kernel_size = state.shape[-1]
 
 
 SEEN = "_hfpatch_seen"  # on a cache of state layers alone (5.24): the tokens hfpatch saw it take
