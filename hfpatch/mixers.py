@@ -202,10 +202,7 @@ def _by_sequence(original: Callable, module: Any, bound: inspect.BoundArguments,
         if (
             isinstance(slots, Tensor) and slots.dim() == 1 and len(slots) == length
         ):  # (4.x: each token's slot)
-            longest = group.index.shape[1]
-            args["cache_position"] = (
-                torch.arange(longest, device=slots.device) if group.source is None else slots[:longest]
-            )
+            args["cache_position"] = _slots_of(slots, group)
         sub = None
         if cache is not None:
             sub = caches.group_cache(cache, layer, group.source, group.index.shape[0])
@@ -222,10 +219,17 @@ def _by_sequence(original: Callable, module: Any, bound: inspect.BoundArguments,
             caches.carry_flags(sub, cache)
     if cache is not None:
         caches.put_states(cache, layer, kept, runs.states, length)
-    if outputs is None:  # (no real token in the call)
-        return original(module, **named)
+    if outputs is None:  # no real token in the call: its outputs are pads', and no state moves
+        return original(module, **({**named, cache_name: None} if cache_name is not None else named))
     made = [o.view(rows, length, *o.shape[1:]) if isinstance(o, Tensor) else o for o in outputs]
     return made[0] if len(made) == 1 and not isinstance(result, tuple) else type(result)(made)
+
+
+def _slots_of(slots: Tensor, group: Group) -> Tensor:
+    """A group's ``cache_position`` (4.x mixers read it): from 0 for sequences that start fresh, the call's
+    own (the cache's length on) for those that continue a row."""
+    longest = group.index.shape[1]
+    return torch.arange(longest, device=slots.device) if group.source is None else slots[:longest]
 
 
 def _stepped(original: Callable, module: Any, args: dict, longest: int) -> Any:
@@ -238,7 +242,9 @@ def _stepped(original: Callable, module: Any, args: dict, longest: int) -> Any:
     first = results[0]
     parts = [list(r) if isinstance(r, tuple) else [r] for r in results]
     joined = [
-        torch.cat([p[i] for p in parts], 1) if _token_level(p0, p0.shape[0], 1) else p0
+        torch.cat([p[i] for p in parts], 1)
+        if isinstance(p0, Tensor) and _token_level(p0, p0.shape[0], 1)
+        else p0
         for i, p0 in enumerate(parts[0])
     ]
     return type(first)(joined) if isinstance(first, tuple) else joined[0]
