@@ -39,6 +39,7 @@ from .positions import window_mask
 
 __all__ = [
     "LAYOUT",
+    "RUNS",
     "ByLayout",
     "Carrier",
     "carried",
@@ -50,6 +51,7 @@ __all__ = [
 
 BY_SEQUENCE = ("sdpa", "eager")  # the attentions run one group of sequences at a time
 LAYOUT = "_hfpatch_layout"  # on a layer type's mask: its ByLayout
+RUNS = "_hfpatch_runs"  # on the 2-D mask of layers that carry a state: the call's sequences (hfpatch.mixers)
 
 
 class Sequences(NamedTuple):
@@ -165,24 +167,28 @@ def _additive(allowed: Tensor, dtype: torch.dtype) -> Tensor:
 
 
 class Carrier(Tensor):
-    """A placeholder mask (:func:`carrier`) whose layout follows it through the tensor ops a mask may go
-    through on its way to an attention layer: a reentrant checkpoint's ``detach()`` of the layer's inputs
-    (torch's ``checkpoint_wrapper``), a hook's ``.to(device)`` (accelerate's), a slice."""
+    """A mask whose rider (a placeholder's layout, :func:`carrier`; a state layers' sequences,
+    :data:`RUNS`) follows it through the tensor ops a mask may go through on its way to a layer: a
+    reentrant checkpoint's ``detach()`` of the layer's inputs (torch's ``checkpoint_wrapper``), a hook's
+    ``.to(device)`` (accelerate's), a slice."""
 
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = super().__torch_function__(func, types, args, kwargs or {})
-        if isinstance(out, Carrier) and out.__dict__.get(LAYOUT) is None:
-            layout = next((a.__dict__.get(LAYOUT) for a in args if isinstance(a, Carrier)), None)
-            if layout is not None:
-                out.__dict__[LAYOUT] = layout
+        if isinstance(out, Carrier):
+            for key in (LAYOUT, RUNS):
+                if out.__dict__.get(key) is None:
+                    rider = next((a.__dict__.get(key) for a in args if isinstance(a, Carrier)), None)
+                    if rider is not None:
+                        out.__dict__[key] = rider
         return out
 
 
-def carried(mask: Tensor, layout: ByLayout) -> Tensor:
-    """``mask`` (a dense mask by sequence) carrying ``layout``: a :class:`Carrier` view of it."""
+def carried(mask: Tensor, rider: Any, key: str = LAYOUT) -> Tensor:
+    """``mask`` (a dense mask by sequence; a state layers' 2-D mask) carrying ``rider`` under ``key``: a
+    :class:`Carrier` view of it."""
     made = mask.as_subclass(Carrier)
-    made.__dict__[LAYOUT] = layout
+    made.__dict__[key] = rider
     return made
 
 

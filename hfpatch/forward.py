@@ -44,14 +44,14 @@ from ._context import CALL, PACKED, UNPAD, Pin, count_unpadded, patched_here, wa
 from .caches import CAPACITY
 from .declarations import Adapter
 from .decoders import call_with_positions
-from .mixers import Runs, call_runs
+from .mixers import Runs, call_runs, with_runs
 from .observers import WATCHERS, run_watched
 from .packed import NOT_KEPT, Packed, packed_rows, positions_from_lengths, warn_not_kept
 from .patches import Patch
 from .plans import NO_SLOTS, SLOTS, SLOTS_REMOVED, Plan
 from .positions import cache_positions, call_inputs, has_holes, new_token_positions
 from .unpad import PADDED, read_host, unpadding
-from .windows import NO_4D_MASK, MaskPlan, apply_masks, configured_window, kept_on, packed_not_kept
+from .windows import MIXED, NO_4D_MASK, MaskPlan, apply_masks, configured_window, kept_on, packed_not_kept
 
 __all__ = [
     "LeaveToStock",
@@ -176,6 +176,7 @@ def make_forward(adapter: Adapter, original: Callable, plan: Plan, pin: Pin) -> 
             if drops_positions:
                 kwargs.pop("position_ids", None)
             if runs is not None:  # its layers that carry a state run each sequence alone (hfpatch.mixers)
+                _runs_on_masks(kwargs, runs, trims, call_inputs(kwargs, plan.ids_rank))
                 return _mixing(original, self, kwargs, runs)
         return original(self, **kwargs)
 
@@ -333,6 +334,20 @@ def _continues_a_prefix(kwargs: dict) -> bool:
     mask code (``_unmask_unattended``) gets wrong (``Adapter.eager_mask``)."""
     mask, tokens = _mask_to_read(kwargs), call_inputs(kwargs)
     return mask is not None and mask.dim() == 2 and tokens is not None and 1 < tokens.shape[1] < mask.shape[1]
+
+
+def _runs_on_masks(kwargs: dict, runs: Runs, trims: bool, inputs: Any) -> None:
+    """The masks a call hands its state layers carry its sequences, so that a layer recomputed by any
+    checkpointing (outside this call's context) runs them alike: the 2-D mask of a model without attention
+    (``trims``), the state layer types' entries of the masks dict hfpatch made (a packed row's); the others
+    get theirs from transformers' mask function (:func:`hfpatch.mixers.carrying_runs`)."""
+    masks = kwargs.get("attention_mask")
+    if trims:
+        kwargs["attention_mask"] = with_runs(masks, runs, inputs)
+    elif isinstance(masks, dict):
+        for kind in MIXED:
+            if kind in masks:
+                masks[kind] = with_runs(masks[kind], runs, inputs)
 
 
 def _mixing(original: Callable, model: Any, kwargs: dict, runs: Runs) -> Any:

@@ -30,6 +30,7 @@ from torch import Tensor
 
 from . import caches
 from ._context import CALL
+from .attention import RUNS, Carrier, carried
 from .patches import Patch
 from .sources import state_mixers
 
@@ -159,8 +160,11 @@ def by_sequence(original: Callable) -> Callable:
     @functools.wraps(original)
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         runs = CALL.mixing
-        if runs is None:
-            return original(self, *args, **kwargs)
+        if runs is None:  # (or the mask carries them: a checkpointed layer recomputed in the backward pass)
+            mask = kwargs.get("attention_mask", kwargs.get("conv_mask"))
+            if mask.__class__ is not Carrier or mask.__dict__.get(RUNS) is None:
+                return original(self, *args, **kwargs)
+            runs = mask.__dict__[RUNS]
         try:
             bound = signature.bind(self, *args, **kwargs)
         except TypeError:  # (the original's own error)
@@ -187,6 +191,7 @@ def _by_sequence(original: Callable, module: Any, bound: inspect.BoundArguments,
     first = next(iter(named.values()), None)
     layer = getattr(module, "layer_idx", None)
     cache_name = next((name for name in CACHE_PARAMETERS if named.get(name) is not None), None)
+    named = {k: v.as_subclass(Tensor) if v.__class__ is Carrier else v for k, v in named.items()}
     if not _token_level(first, rows, length) or (cache_name is not None and not isinstance(layer, int)):
         return original(module, **named)  # (not the call's rows: a layer this does not know)
     cache = named[cache_name] if cache_name is not None else None
@@ -304,13 +309,51 @@ def _scattered(result: Any, outputs: Optional[list[Any]], group: Group, size: in
     return outputs
 
 
+MASK_FUNCTION = "create_recurrent_attention_mask"  # masking_utils' 2-D mask of the state layers (5.x)
+
+
 def mixer_rows(module: Any) -> list[Patch]:
     """The rows of a modeling module whose layers carry a state (:func:`hfpatch.sources.state_mixers`):
-    each such class's ``forward``, run by sequence where a call's :class:`Runs` say so."""
-    return [
+    each such class's ``forward``, run by sequence where a call's :class:`Runs` say so; and the module's
+    ``create_recurrent_attention_mask``, whose mask carries the call's runs into the layers (so that a
+    layer checkpointed by any means, torch's ``checkpoint_wrapper`` too, is recomputed with them)."""
+    rows = [
         Patch(cls, "forward", cls.__dict__["forward"], by_sequence(cls.__dict__["forward"]))
         for cls in state_mixers(module)
     ]
+    namespace = vars(module)
+    made = namespace.get(MASK_FUNCTION)
+    if rows and callable(made) and not getattr(made, "__hfpatch_mixer__", False):
+        rows.append(Patch(namespace, MASK_FUNCTION, made, carrying_runs(made)))
+    return rows
+
+
+def carrying_runs(original: Callable) -> Callable:
+    """transformers' mask function of the state layers, whose 2-D mask (all ones where it gives none)
+    carries the call's :class:`Runs` where the patched forward set them (``CALL.mixing``)."""
+
+    @functools.wraps(original)
+    def create_recurrent_attention_mask(*args: Any, **kwargs: Any) -> Any:
+        made = original(*args, **kwargs)
+        runs = CALL.mixing
+        if runs is None or torch.compiler.is_compiling():
+            return made
+        return with_runs(made, runs, kwargs.get("inputs_embeds", args[1] if len(args) > 1 else None))
+
+    create_recurrent_attention_mask.__hfpatch_mixer__ = True  # type: ignore[attr-defined]
+    return create_recurrent_attention_mask
+
+
+def with_runs(mask: Any, runs: Runs, like: Any) -> Any:
+    """A state layers' 2-D mask (``mask``, or all ones ``[rows, length]`` on ``like``'s device where there
+    is none) carrying ``runs``: the layers' argument, whoever recomputes them."""
+    if mask is None:
+        if not isinstance(like, Tensor):
+            return None
+        mask = torch.ones(runs.shape, dtype=torch.bool, device=like.device)
+    if mask.__class__ is not Tensor or tuple(mask.shape) != runs.shape:
+        return mask
+    return carried(mask, runs, RUNS)
 
 
 def call_runs(

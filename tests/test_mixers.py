@@ -7,6 +7,7 @@ unpadded call whose cache ``generate()`` continues. Stock is wrong in each (the 
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import pytest
@@ -14,8 +15,10 @@ import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from test_packed import (
+    CHECKPOINTING,
     NO_DROPOUT,
     SEQUENCES,
+    _layers,
     pack,
     packed_grads,
     relative,
@@ -216,14 +219,28 @@ def _shared(arch: str):
 
 
 @pytest.mark.invariant("I8")
-@pytest.mark.parametrize("checkpointing", [None, "reentrant", "non-reentrant"])
+@pytest.mark.parametrize("checkpointing", CHECKPOINTING)
 @pytest.mark.parametrize("arch", PARAMS)
 def test_packed_training_step_is_the_sequences_own(arch, checkpointing):
     """A packed training step (train mode, labels, no mask, the cache the model makes): the loss and
-    gradients of its sequences alone; transformers' own gradient checkpointing recomputes each layer with
-    the call's sequences (hfpatch._context.CarryContext)."""
+    gradients of its sequences alone; a layer recomputed in the backward pass runs the call's sequences
+    alike, whoever checkpoints it (transformers: the call's context, hfpatch._context.CarryContext; torch's
+    ``checkpoint_wrapper``, as FSDP applies it: the mask its state layers take carries them)."""
     model = hybrid(arch, **NO_DROPOUT).train()
-    if checkpointing is not None:
+    if checkpointing is not None and checkpointing.startswith("checkpoint_wrapper"):  # as FSDP wraps blocks
+        from torch.distributed.algorithms._checkpoint import checkpoint_wrapper as torch_wrapper
+
+        blocks = type(_layers(model)[0])
+        impl = torch_wrapper.CheckpointImpl
+        wrap = functools.partial(
+            torch_wrapper.checkpoint_wrapper,
+            checkpoint_impl=impl.REENTRANT if checkpointing.endswith("reentrant") else impl.NO_REENTRANT,
+        )
+        torch_wrapper.apply_activation_checkpointing(
+            model, checkpoint_wrapper_fn=wrap, check_fn=lambda module: isinstance(module, blocks)
+        )
+        model.config.use_cache = False  # (a cache would be written again when a block is recomputed)
+    elif checkpointing is not None:
         if not model.supports_gradient_checkpointing:
             pytest.skip(f"{type(model).__name__} does not checkpoint")
         with warnings.catch_warnings():
@@ -240,6 +257,40 @@ def test_packed_training_step_is_the_sequences_own(arch, checkpointing):
         with stock():
             stock_loss, stock_grads = packed_grads(model, kwargs)
         assert relative(stock_grads, want) > 1e-2, "stock's packed step is right here: the test shows nothing"
+
+
+@pytest.mark.invariant("I8")
+@pytest.mark.parametrize("checkpointing", [None, "checkpoint_wrapper reentrant"])
+@pytest.mark.parametrize("arch", PARAMS)
+def test_padded_training_step_is_the_rows_own(arch, checkpointing):
+    """A left-padded training step (the padded rows' own loss and gradients: stock's state layers take
+    in the pads before each row), checkpointed by torch's ``checkpoint_wrapper`` or not."""
+    model = hybrid(arch, **NO_DROPOUT).train()
+    if checkpointing is not None:
+        from torch.distributed.algorithms._checkpoint import checkpoint_wrapper as torch_wrapper
+
+        blocks = type(_layers(model)[0])
+        wrap = functools.partial(
+            torch_wrapper.checkpoint_wrapper, checkpoint_impl=torch_wrapper.CheckpointImpl.REENTRANT
+        )
+        torch_wrapper.apply_activation_checkpointing(
+            model, checkpoint_wrapper_fn=wrap, check_fn=lambda m: isinstance(m, blocks)
+        )
+        model.config.use_cache = False
+    rows = [list(seq) for seq in SEQUENCES]
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([[0] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    labels = torch.where(mask == 1, ids, -100)
+    labels[torch.arange(len(rows)), torch.tensor([width - len(r) for r in rows])] = -100  # (not from a pad)
+    spans = [(r, width - len(row), tuple(row)) for r, row in enumerate(rows)]
+    model.zero_grad(set_to_none=True)
+    out = model(input_ids=ids, attention_mask=mask, labels=labels)
+    out.loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    want_loss, want = sequence_grads(model, spans)
+    assert abs(out.loss.item() - want_loss) <= 1e-5
+    assert relative(grads, want) <= 1e-4
 
 
 @pytest.mark.parametrize("arch", PARAMS)
