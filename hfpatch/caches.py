@@ -478,11 +478,19 @@ def layer_states(cache: Any, layer: int, size: int) -> dict[tuple[str, Any], tor
     return found
 
 
-def carry_flags(proxy: Any, cache: Any) -> None:
-    """A flag a layer raised on the stand-in of a cache that keeps one for all its states (4.x and early
-    5.x: LFM2's conv layer says ``has_previous_state`` itself), raised on the cache too."""
+def carry_flags(proxy: Any, cache: Any, layer: int) -> None:
+    """What a layer set up on the stand-in of a cache that the cache lacks: a flag it raised where the cache
+    keeps one for all its states (4.x and early 5.x: LFM2's conv layer says ``has_previous_state``
+    itself); a 5.x linear-attention layer's settings its lazy initialization made (5.5-5.10's
+    ``conv_kernel_size``, ``dtype``, ``device``: not its states, which :func:`put_states` writes)."""
     if vars(proxy).get("has_previous_state") is True and vars(cache).get("has_previous_state") is False:
         cache.has_previous_state = True
+    mine, own = _linear_layer(proxy, layer), _linear_layer(cache, layer)
+    if mine is not None and own is not None and mine is not own:
+        for name, value in vars(mine).items():
+            settled = not isinstance(value, (torch.Tensor, dict, list)) and value is not None
+            if settled and name not in LAYER_STATES + LAYER_FLAGS and vars(own).get(name) is None:
+                setattr(own, name, value)
 
 
 def put_states(cache: Any, layer: int, kept: list, rows: int, tokens: int) -> None:

@@ -221,7 +221,7 @@ def _by_sequence(original: Callable, module: Any, bound: inspect.BoundArguments,
         outputs = _scattered(result, outputs, group, rows * length)
         if sub is not None and len(group.members):
             kept.append((caches.layer_states(sub, layer, len(group.index)), group.members, group.rows))
-            caches.carry_flags(sub, cache)
+            caches.carry_flags(sub, cache, layer)
     if cache is not None:
         caches.put_states(cache, layer, kept, runs.states, length)
     if outputs is None:  # no real token in the call: its outputs are pads', and no state moves
