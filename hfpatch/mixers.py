@@ -32,7 +32,7 @@ from . import caches
 from ._context import CALL
 from .attention import RUNS, Carrier, carried
 from .patches import Patch
-from .sources import state_mixers
+from .sources import signature_of, state_mixers
 
 __all__ = ["Group", "Runs", "by_sequence", "mixer_rows", "runs_of"]
 
@@ -155,7 +155,7 @@ def by_sequence(original: Callable) -> Callable:
     call's :class:`Runs`; any other call (or one whose inputs are not the call's rows) is the original's."""
     if getattr(original, "__hfpatch_mixer__", False):
         return original
-    signature = inspect.signature(original)
+    signature = signature_of(original)
 
     @functools.wraps(original)
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:

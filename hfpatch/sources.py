@@ -19,6 +19,7 @@ __all__ = [
     "hands_positions_to_mask_functions",
     "passes_4d_mask_as_given",
     "pools_by_pad_id",
+    "signature_of",
     "source_of",
     "state_mixers",
     "takes_mask_dict",
@@ -152,7 +153,7 @@ def state_mixers(module: Any) -> list[type]:
         if source is None or not (_STATE_ACCESS.search(source) or (calls and calls.search(source))):
             continue
         try:
-            params = list(inspect.signature(value.__dict__["forward"]).parameters)
+            params = list(signature_of(value.__dict__["forward"]).parameters)
         except (TypeError, ValueError):
             continue
         model = any(getattr(base, "base_model_prefix", None) is not None for base in value.__mro__)
@@ -180,3 +181,16 @@ def _module_functions(module: Any) -> dict[str, str]:
         for node in tree.body
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
     }
+
+
+def signature_of(function: Any) -> inspect.Signature:
+    """``function``'s own signature, through a decorator that hides it (``*args, **kwargs`` and the function
+    in its closure, without ``functools.wraps``: 5.13's ``force_accelerate_hooks``)."""
+    found = inspect.signature(function)
+    kinds = {p.kind for p in list(found.parameters.values())[1:]}
+    if kinds == {inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD}:
+        for cell in getattr(function, "__closure__", None) or ():
+            inner = cell.cell_contents
+            if inspect.isfunction(inner) and inner is not function:
+                return signature_of(inner)
+    return found

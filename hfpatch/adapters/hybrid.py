@@ -16,7 +16,7 @@ ALL = ">=4.0"  # (Adapter.steps: on every release)
 # fmt: off
 ADAPTERS = (
     Adapter("bailing_hybrid", "BailingHybridModel", ROTARY, "5.24"),
-    Adapter("bamba", "BambaModel", ROTARY, "5.24"),
+    Adapter("bamba", "BambaModel", ROTARY, "5.24", steps=">=5.5,<5.13"),
     Adapter("falcon_h1", "FalconH1Model", ROTARY, "5.24", steps="<5.13"),
     Adapter("granitemoehybrid", "GraniteMoeHybridModel", ROTARY, "5.24", steps="<5.13"),
     Adapter("jamba", "JambaModel", ROTARY, "5.24", steps=ALL),
