@@ -446,10 +446,11 @@ def group_cache(cache: Any, layer: int, source: Optional[torch.Tensor], size: in
 def _containers(cache: Any, layer: int) -> list[tuple[str, Any]]:
     """A 4.x (or early 5.x) cache's per-layer containers that hold an entry for ``layer``: its lists and
     dicts by layer index (``conv_states``, ``ssm_states``, ``recurrent_states``, ``conv_cache``,
-    ``linear_cache``, ``key_cache`` ...: whichever the release's class keeps)."""
+    ``linear_cache`` ...: whichever the release's class keeps), not its attention's keys and values (a
+    Zamba layer holds both: its shared attention's and its Mamba's)."""
     found = []
     for name, states in vars(cache).items():
-        if name.startswith("_"):
+        if name.startswith("_") or name in ("key_cache", "value_cache"):
             continue
         listed = isinstance(states, list) and layer < len(states)
         if listed or (isinstance(states, dict) and layer in states):

@@ -30,6 +30,7 @@ __all__ = [
 # (the walrus in parentheses too: ast.unparse writes it so)
 _TAKES_DICT = re.compile(r"isinstance\(\s*\(?\s*\w+\s*:=\s*attention_mask\s*\)?\s*,\s*dict\s*\)")
 # (4.41-4.43 first check the mask is additive: ``if attention_mask.max() != 0: raise ValueError(...)``)
+_2D_ONLY = re.compile(r"if attention_mask\.dim\(\) == 2:")
 _AS_GIVEN = re.compile(
     r"(?:dim\(\)|ndim) == 4:(?:\s*#[^\n]*)*"
     r"(?:\s*if attention_mask\.max\(\) != 0:\s*raise ValueError\([^\n]*\))?"
@@ -87,6 +88,12 @@ def takes_mask_dict(source: str) -> bool:
 def passes_4d_mask_as_given(source: str) -> bool:
     """Mask code that uses a 4-D ``attention_mask`` as it is (``causal_mask = attention_mask``)."""
     return bool(_AS_GIVEN.search(source))
+
+
+def reads_2d_mask_only(source: str) -> bool:
+    """Mask code that builds its causal mask itself and reads a given mask only where it is 2-D, a 4-D one
+    silently ignored (Jamba, Zamba, Zamba2 up to 4.57-5.x)."""
+    return bool(_2D_ONLY.search(source)) and not passes_4d_mask_as_given(source)
 
 
 def fills_positions_when_none(source: str) -> bool:

@@ -40,6 +40,7 @@ from .positions import cache_positions, keys_seen, sequence_lengths, window_mask
 from .sources import (
     attends_inline,
     passes_4d_mask_as_given,
+    reads_2d_mask_only,
     source_of,
     state_mixers,
     takes_mask_dict,
@@ -170,6 +171,9 @@ class MaskPlan(NamedTuple):
     by_layout: bool = False
     # its module has layers that carry a state from token to token, run by sequence (hfpatch.mixers)
     mixers: bool = False
+    # its ``_update_causal_mask`` reads a 2-D mask only (a 4-D one ignored): patched to take a 4-D mask as
+    # given, as 4.42-4.52's do (:class:`GivenMask`)
+    given: bool = False
 
     @property
     def float_masks(self) -> bool:
@@ -206,6 +210,8 @@ def mask_plan(owner: type, packed: bool = True) -> Optional[MaskPlan]:
         form = ADDITIVE
     elif "mask_slice" in update_source:
         form = BINARY
+    elif reads_2d_mask_only(update_source):
+        form = ADDITIVE
     else:
         return None
     getter = getattr(cache_utils.Cache, "get_mask_sizes", None)
@@ -219,9 +225,43 @@ def mask_plan(owner: type, packed: bool = True) -> Optional[MaskPlan]:
     module = sys.modules.get(owner.__module__)
     by_layout = hasattr(module, MAPPING) and not attends_inline(module)
     mixers = module is not None and bool(state_mixers(module))
+    given = form == ADDITIVE and reads_2d_mask_only(update_source)
     return MaskPlan(
-        form, takes_dict, by_slots, windowed, ignored, decoder, packed, lengths, alibi, by_layout, mixers
+        form,
+        takes_dict,
+        by_slots,
+        windowed,
+        ignored,
+        decoder,
+        packed,
+        lengths,
+        alibi,
+        by_layout,
+        mixers,
+        given,
     )
+
+
+class GivenMask:
+    """Installed as the ``_update_causal_mask`` of a class whose own reads a 2-D mask only
+    (:attr:`MaskPlan.given`): a 4-D mask is taken as given (as by 4.42-4.52's), anything else handed to
+    the class's own. Stock ignores a 4-D mask there silently; hfpatch hands one where a row packs several
+    sequences."""
+
+    def __init__(self, original: Any) -> None:
+        self.original = original
+
+    def __get__(self, instance: Any, owner: Any = None) -> Any:
+        if instance is None:
+            return self
+        update = self.original.__get__(instance, owner)
+
+        def _update_causal_mask(attention_mask: Any, *args: Any, **kwargs: Any) -> Any:
+            if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 4:
+                return attention_mask
+            return update(attention_mask, *args, **kwargs)
+
+        return _update_causal_mask
 
 
 def _flash_takes_lengths() -> bool:

@@ -55,7 +55,7 @@ SIZES = {
     # chunks of 256 whose intermediates are GiBs): 8 heads x 16 (hidden 64 x expand 2), states of 16
     "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_num_heads": 8, "mamba_head_dim": 16, "mamba_headdim": 16,
     "mamba_d_state": 16, "ssm_state_size": 16, "mamba_chunk_size": 16,
-    # Jamba and Zamba raise before 5.15 (Zamba) and 5.2 (Jamba) without mamba-ssm's CUDA kernels: the torch path
+    # Jamba (before 5.2) and Zamba (before 5.15) raise without mamba-ssm's CUDA kernels: their torch path
     "use_mamba_kernels": False,
 }  # fmt: skip
 
