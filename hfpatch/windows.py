@@ -69,8 +69,8 @@ __all__ = [
 
 SLIDING, CHUNKED, FULL = "sliding_attention", "chunked_attention", "full_attention"
 # DeepSeek V3.2's sparse attention (so named up to 5.17): its indexer picks among the keys the mask allows,
-# a full-attention layer otherwise
-INDEXED = ("indexed_attention", "deepseek_sparse_attention")
+# a full-attention layer otherwise; Qwen4-Exp's (so named on 5.16-5.17) alike
+INDEXED = ("indexed_attention", "deepseek_sparse_attention", "qwen_sparse_attention")
 KNOWN_TYPES = (FULL, SLIDING, CHUNKED, *INDEXED)  # the layer types whose masks hfpatch builds
 # layer types of models whose layers carry a state (hfpatch.mixers): those that take the 2-D mask (a state
 # layer's: it runs by sequence, the mask only zeroes the pads), those that take none (no token mixing), and

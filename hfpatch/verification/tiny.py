@@ -67,7 +67,8 @@ _PAD_ID = {"pad_token_id": PAD}
 _GEMMA4 = {"global_head_dim": 32, "vocab_size_per_layer_input": VOCAB, "hidden_size_per_layer_input": 16}
 _HYBRID = {"layer_types": ["linear_attention", "full_attention"]}
 _QWEN4_EXP = {
-    "layer_types": ["linear_attention", "indexed_attention"], "indexer_n_heads": 2, "indexer_kv_heads": 1,
+    # (its config names full attention as the release does: qwen_sparse_attention on 5.16-5.17, then indexed)
+    "layer_types": ["linear_attention", "full_attention"], "indexer_n_heads": 2, "indexer_kv_heads": 1,
     "indexer_head_dim": 16, "indexer_budget": 64, "indexer_compress_ratio": 4,
 }  # fmt: skip
 # for a model whose windows hfpatch leaves to transformers: windows longer than every scenario
