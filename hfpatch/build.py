@@ -33,6 +33,7 @@ from ._context import CarryContext, Pin, SdpaSwitch, Users
 from .attention import module_rows
 from .declarations import Adapter
 from .decoders import HANDS_TO, receiver
+from .deltas import delta_rows
 from .forward import make_forward, packed_support, recording_generated_masks, why_padded_here
 from .mixers import mixer_rows
 from .packed import handing_on, task_heads, warning_of_packed_rows
@@ -103,6 +104,8 @@ def build(adapter: Adapter, module: Any, pin: Pin) -> tuple[Patch, ...]:
     mixes = plan.mixers
     if mixes:  # its layers that carry a state, by sequence where a call's sequences say (hfpatch.mixers)
         rows.extend(mixer_rows(module))
+    keys = {row.key for row in rows}  # a wrapper that keeps rope deltas: its cached calls by real tokens
+    rows.extend(row for row in delta_rows(module, pin) if row.key not in keys)
     unpads = why_padded_here(adapter, plan) is None
     for head in heads:  # (where they are not kept, a head that drops a packed row's inputs drops them)
         hands_on = head.drops and keeps

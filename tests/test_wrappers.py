@@ -11,6 +11,7 @@ cached batch, and ``hfpatch.verify`` on the text path of a few image-text-to-tex
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Optional
 
 import pytest
@@ -20,7 +21,6 @@ from probes import Probe, both_sides, exact_where_run
 
 import hfpatch
 from compat.vocabulary import OUTSIDE
-from hfpatch import engine
 from hfpatch.support import wrong_with
 from hfpatch.verification.tiny import PAD, tiny_multimodal, tiny_seq2seq
 
@@ -107,7 +107,7 @@ def _left_padded_error(model: Any) -> float:
 def test_padded_prefix_continued_equals_each_row_alone(name, model_type, attention, probe):
     probe.of(model_type, attention)
     model = _model(name, model_type, attention, probe)
-    patched, on_stock = both_sides(probe, lambda: _prefix_error(model))
+    patched, on_stock = both_sides(probe, lambda: _prefix_error(model), stock_raises=(RuntimeError,))
     probe.judge(patched, on_stock, stock_wrong_expected=True)
     assert patched <= TOLERANCE, f"{model_type} ({attention}): hfpatch {patched:.2g}, stock {on_stock:.2g}"
     assert on_stock > WRONG, (
@@ -253,13 +253,12 @@ def _packed_positions(form: str) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("model_type", ["qwen2_vl", pytest.param("qwen3_vl", marks=pytest.mark.slow)])
-def test_text_only_packed_rows_of_the_qwen_vl_family(model_type):
+def test_text_only_packed_rows_of_the_qwen_vl_family(model_type, probe):
     """Several text sequences packed in a row (no image), in each form the positions come in, with and
     without an all-ones mask: each sequence gets its own logits, and a packed training step (train mode,
     dropout off) its own loss and gradients; stock lets the sequences see each other."""
-    if model_type not in REGISTRY or not engine.patchable(model_type):
-        pytest.skip(f"{model_type} is not patched in transformers {TF}")
-    model = _model(model_type, model_type, "sdpa")
+    probe.of(model_type, "sdpa")
+    model = _qwen_vl_model(model_type, probe)
     ids = torch.tensor([[t for seq in SEQUENCES for t in seq]])
     spans = [(sum(len(s) for s in SEQUENCES[:i]), seq) for i, seq in enumerate(SEQUENCES)]
     with torch.no_grad(), hfpatch.unpatched():
@@ -294,4 +293,140 @@ def test_text_only_packed_rows_of_the_qwen_vl_family(model_type):
         want = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     finally:
         model.eval()
+    assert max(((packed[k] - want[k]).norm() / want[k].norm().clamp(min=1e-12)).item() for k in want) <= 1e-4
+
+
+# the Qwen-VL family with images: one image of 4 x 4 patches (merged 2 x 2: 4 tokens, id 96) per sequence,
+# framed by its start (95) and end (94) tokens; a patch's pixels: 3 channels x 2 x 2
+IMAGE, V_START, V_END = 96, 95, 94
+GRID = torch.tensor([[1, 4, 4]])
+QWEN_VL = ["qwen2_vl", pytest.param("qwen2_5_vl", marks=pytest.mark.slow), "qwen3_vl"]
+
+
+def _pixels(seed: int) -> torch.Tensor:
+    return torch.randn(16, 3 * 2 * 2, generator=torch.Generator().manual_seed(seed))
+
+
+def _image_inputs(model: Any, ids: torch.Tensor, images: int, seeds: list[int]) -> dict:
+    """The image arguments of a call whose ``ids`` hold ``images`` images (their pixels by seed); the
+    multimodal token types where the release's wrapper takes them (5.x)."""
+    inputs = {
+        "pixel_values": torch.cat([_pixels(s) for s in seeds]),
+        "image_grid_thw": GRID.repeat(images, 1),
+    }
+    if "mm_token_type_ids" in inspect.signature(type(model).forward).parameters:
+        inputs["mm_token_type_ids"] = (ids == IMAGE).long()
+    return inputs
+
+
+def _qwen_vl_model(model_type: str, probe: Probe) -> Any:
+    if model_type not in REGISTRY:
+        pytest.skip(f"{model_type} is not patched in transformers {TF}")
+    return _model(model_type, model_type, "sdpa", probe)
+
+
+def _alone_with_image(model: Any, row: list[int], seed: int) -> tuple[torch.Tensor, Any]:
+    """A sequence with its image run alone, unpadded, in one call, on stock: its logits, and the positions
+    the wrapper hands its text model (its own multimodal rope index)."""
+    seen = []
+    text = type(model.model.language_model)
+    forward = text.forward
+
+    def spy(self: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs.get("position_ids"))
+        return forward(self, *args, **kwargs)
+
+    ids = torch.tensor([row])
+    with torch.no_grad(), hfpatch.unpatched():
+        text.forward = spy
+        try:
+            logits = model(input_ids=ids, **_image_inputs(model, ids, 1, [seed])).logits[0]
+        finally:
+            text.forward = forward
+    return logits, seen[0]
+
+
+@pytest.mark.parametrize("model_type", QWEN_VL)
+def test_image_prefill_of_the_qwen_vl_family_continued_by_plain_calls(model_type, probe):
+    """Two rows with an image each, right-padded, continued from the cache by plain calls (no positions,
+    a pad among the new tokens of one): each real token's logits equal its row's run alone with its image
+    in one call. Stock fails (its deltas meet a mask of past and new tokens) or counts the pad."""
+    probe.of(model_type, "sdpa")
+    model = _qwen_vl_model(model_type, probe)
+    rows = [[5, V_START, *[IMAGE] * 4, V_END, 7, 8], [V_START, *[IMAGE] * 4, V_END, 12]]
+    later = [[[9, 10], [13, PAD]], [[11], [14]]]  # two cached calls; row 1's second token a pad
+    full = [rows[0] + [9, 10, 11], rows[1] + [13, 14]]
+    want = [_alone_with_image(model, row, seed)[0] for seed, row in enumerate(full)]
+
+    def run() -> float:
+        width = max(len(row) for row in rows)
+        ids = torch.tensor([row + [PAD] * (width - len(row)) for row in rows])
+        mask = torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in rows])
+        got = [[], []]
+        with torch.no_grad():
+            out = model(input_ids=ids, attention_mask=mask, **_image_inputs(model, ids, 2, [0, 1]))
+            for r, row in enumerate(rows):
+                got[r].append(out.logits[r, : len(row)])
+            for step in later:
+                new = torch.tensor(step)
+                new_mask = (new != PAD).long()
+                mask = torch.cat([mask, new_mask], 1)
+                out = model(input_ids=new, attention_mask=mask, **{cache_kwarg(model): output_cache(out)})
+                for r in range(2):
+                    got[r].append(out.logits[r][new_mask[r].bool()])
+        return max((torch.cat(g) - w).abs().max().item() for g, w in zip(got, want))
+
+    patched, on_stock = both_sides(probe, run, stock_raises=(RuntimeError,))
+    probe.judge(patched, on_stock, stock_wrong_expected=True)
+    assert patched <= TOLERANCE, f"{model_type} with images: hfpatch {patched:.2g}, stock {on_stock:.2g}"
+    assert on_stock > WRONG, f"{model_type} with images: stock is right ({on_stock:.2g})"
+
+
+@pytest.mark.parametrize("model_type", QWEN_VL)
+def test_packed_rows_with_images_of_the_qwen_vl_family(model_type, probe):
+    """Three sequences with an image each packed in a row, given each sequence's own multimodal rope
+    positions (what its wrapper hands the text model alone), with and without a mask: each gets its own
+    logits, and a packed training step its own loss and gradients; stock lets them see each other."""
+    probe.of(model_type, "sdpa")
+    model = _qwen_vl_model(model_type, probe)
+    seqs = [
+        [5, 6, V_START, *[IMAGE] * 4, V_END, 7, 8, 9],
+        [V_START, *[IMAGE] * 4, V_END, 10, 11],
+        [12, 13, 14, V_START, *[IMAGE] * 4, V_END, 15],
+    ]
+    alone = [_alone_with_image(model, seq, seed) for seed, seq in enumerate(seqs)]
+    ids = torch.tensor([[t for seq in seqs for t in seq]])
+    inputs = {
+        "input_ids": ids, "position_ids": torch.cat([p for _, p in alone], -1),
+        **_image_inputs(model, ids, 3, [0, 1, 2]),
+    }  # fmt: skip
+    spans = [(sum(len(s) for s in seqs[:i]), len(seq)) for i, seq in enumerate(seqs)]
+    for mask in (None, torch.ones_like(ids)):
+        extra = {} if mask is None else {"attention_mask": mask}
+        with torch.no_grad():
+            got = model(**inputs, **extra).logits[0]
+            with hfpatch.unpatched():
+                wrong = model(**inputs, **extra).logits[0]
+        worst = max((got[s : s + n] - a).abs().max().item() for (s, n), (a, _) in zip(spans, alone))
+        off = max((wrong[s : s + n] - a).abs().max().item() for (s, n), (a, _) in zip(spans, alone))
+        assert worst <= TOLERANCE and off > WRONG, (mask is not None, worst, off)
+    labels = ids.clone()
+    for start, _ in spans:
+        labels[0, start] = -100  # (a sequence's first token is no target of the one before)
+    model.train()
+    try:
+        model.zero_grad(set_to_none=True)
+        model(**inputs, labels=labels).loss.backward()
+        packed = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        model.zero_grad(set_to_none=True)
+        total = sum(len(seq) - 1 for seq in seqs)
+        with hfpatch.unpatched():
+            for seed, seq in enumerate(seqs):
+                row = torch.tensor([seq])
+                out = model(input_ids=row, labels=row, **_image_inputs(model, row, 1, [seed]))
+                (out.loss * (len(seq) - 1) / total).backward()
+        want = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    finally:
+        model.eval()
+    assert packed.keys() == want.keys()
     assert max(((packed[k] - want[k]).norm() / want[k].norm().clamp(min=1e-12)).item() for k in want) <= 1e-4

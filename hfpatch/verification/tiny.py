@@ -203,12 +203,17 @@ _MROPE = {"rope_scaling": {"rope_type": "default", "mrope_section": [2, 3, 3]}}
 _VISION = {
     "out_hidden_size": 64, "depth": 1, "patch_size": 2, "spatial_merge_size": 2, "temporal_patch_size": 1,
 }  # fmt: skip
+# the Qwen-VL family's special tokens inside the tiny vocabulary: an image's tokens (96), framed by 95 and 94
+_QWEN_VL = {
+    "text_config": _MROPE, "image_token_id": 96, "video_token_id": 93, "vision_start_token_id": 95,
+    "vision_end_token_id": 94,
+}  # fmt: skip
 # fmt: off
 MULTIMODAL_OVERRIDES: dict[str, dict[str, Any]] = {
-    "qwen2_vl": {"text_config": _MROPE, "vision_config": {**_VISION, "embed_dim": 32, "num_heads": 2}},
-    "qwen2_5_vl": {"text_config": _MROPE, "vision_config": {**_VISION, "fullatt_block_indexes": [0]}},
-    "qwen3_vl": {"text_config": _MROPE, "vision_config": {**_VISION, "deepstack_visual_indexes": []}},
-    "qwen3_vl_moe": {"text_config": _MROPE, "vision_config": {**_VISION, "deepstack_visual_indexes": []}},
+    "qwen2_vl": {**_QWEN_VL, "vision_config": {**_VISION, "embed_dim": 32, "num_heads": 2}},
+    "qwen2_5_vl": {**_QWEN_VL, "vision_config": {**_VISION, "fullatt_block_indexes": [0]}},
+    "qwen3_vl": {**_QWEN_VL, "vision_config": {**_VISION, "deepstack_visual_indexes": []}},
+    "qwen3_vl_moe": {**_QWEN_VL, "vision_config": {**_VISION, "deepstack_visual_indexes": []}},
     "glm4v": {"text_config": _MROPE, "vision_config": _VISION},
     "glm46v": {"text_config": _MROPE, "vision_config": _VISION},
     "glmga": {"text_config": _MROPE, "vision_config": _VISION},
