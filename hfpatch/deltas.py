@@ -34,6 +34,7 @@ from torch import Tensor
 from . import caches
 from ._context import Pin, patched_here
 from .patches import Patch
+from .positions import restarts, segments
 from .sources import source_of
 
 __all__ = ["continuing", "delta_rows"]
@@ -80,6 +81,11 @@ def continuing(original: Callable, pin: Pin, rule: Deltas) -> Callable:
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         if args or not patched_here(pin) or torch.compiler.is_compiling():
             return original(self, *args, **kwargs)  # (compiled: generate() passes its positions)
+        if kwargs.get("position_ids") is not None:
+            own = _own_rope_index(self, kwargs)  # (a packed row with images given 2-D positions)
+            if own is not None:
+                kwargs["position_ids"] = own
+            return original(self, **kwargs)
         call = _call(kwargs)
         if call is None or (call.images and call.past):
             return original(self, **kwargs)
@@ -155,3 +161,58 @@ def _ends(model: Any, kwargs: dict, real: Tensor) -> Optional[Tensor]:
     last = (real * torch.arange(1, real.shape[1] + 1, device=real.device)).argmax(-1, keepdim=True)
     at = last[None].expand(positions.shape[0], -1, -1).to(positions.device)
     return positions.gather(2, at).amax(0).to(real.device) + 1
+
+
+def _own_rope_index(model: Any, kwargs: dict) -> Optional[Tensor]:
+    """A row that packs sequences with images, given 2-D positions (a collator's: each sequence from 0):
+    each sequence's own multimodal rope positions ``[3, rows, length]``, as the wrapper numbers it alone
+    (its ``get_rope_index`` on its tokens, images and videos, taken in order); None for any other call
+    (its positions stand: stock gives the image tokens text positions)."""
+    positions, ids = kwargs.get("position_ids"), kwargs.get("input_ids")
+    grids = {"image_grid_thw": kwargs.get("image_grid_thw"), "video_grid_thw": kwargs.get("video_grid_thw")}
+    if not isinstance(positions, Tensor) or positions.dim() != 2 or not isinstance(ids, Tensor):
+        return None
+    if all(grid is None for grid in grids.values()) or positions.shape != ids.shape:
+        return None
+    mask = kwargs.get("attention_mask")
+    mask = mask if isinstance(mask, Tensor) and mask.shape == ids.shape else None
+    if not bool(restarts(positions, mask)):
+        return None
+    config = model.config
+    tokens = {name: _id(config, f"{kind}_token_id") for name, kind in zip(grids, ("image", "video"))}
+    merge = getattr(getattr(config, "vision_config", None), "spatial_merge_size", 1) ** 2
+    try:
+        names = inspect.signature(model.get_rope_index).parameters
+        handled = {"input_ids", "attention_mask", "mm_token_type_ids", *grids}
+        if any(kwargs.get(name) is not None for name in names if name not in handled):
+            return None  # (what this cannot cut by sequence: Qwen2.5-VL's seconds per video grid)
+        taken = {name: 0 for name in grids}
+        own = torch.zeros(3, *ids.shape, dtype=torch.long, device=ids.device)
+        for row, parts in enumerate(segments(positions, mask).tolist()):
+            for part in dict.fromkeys(parts):
+                cols = [i for i, p in enumerate(parts) if p == part]
+                start, end = cols[0], cols[-1] + 1
+                given = {"input_ids": ids[row : row + 1, start:end]}
+                for name, grid in grids.items():
+                    count = int((given["input_ids"] == tokens[name]).sum()) if grid is not None else 0
+                    first = taken[name]
+                    while count > 0:  # (each image's grid, in order, until its tokens are counted)
+                        count -= int(grid[taken[name]].prod()) // merge
+                        taken[name] += 1
+                    if taken[name] > first:
+                        given[name] = grid[first : taken[name]]
+                for name in ("attention_mask", "mm_token_type_ids"):
+                    if isinstance(kwargs.get(name), Tensor) and kwargs[name].shape == ids.shape:
+                        given[name] = kwargs[name][row : row + 1, start:end]
+                if any(name not in names for name in given):
+                    return None
+                with torch.no_grad():
+                    own[:, row, start:end] = model.get_rope_index(**given)[0][:, 0].to(own.device)
+    except Exception:  # (a release whose index takes more than this gives it: the positions stand)
+        return None
+    return own
+
+
+def _id(config: Any, name: str) -> Optional[int]:
+    value = getattr(config, name, None)
+    return value if value is not None else getattr(getattr(config, "text_config", None), name, None)

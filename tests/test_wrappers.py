@@ -385,8 +385,9 @@ def test_image_prefill_of_the_qwen_vl_family_continued_by_plain_calls(model_type
 @pytest.mark.parametrize("model_type", QWEN_VL)
 def test_packed_rows_with_images_of_the_qwen_vl_family(model_type, probe):
     """Three sequences with an image each packed in a row, given each sequence's own multimodal rope
-    positions (what its wrapper hands the text model alone), with and without a mask: each gets its own
-    logits, and a packed training step its own loss and gradients; stock lets them see each other."""
+    positions (what its wrapper hands the text model alone), with and without a mask, or a collator's 2-D
+    positions (each sequence from 0): each gets its own logits, and a packed training step its own loss
+    and gradients; stock lets them see each other (and gives the image tokens text positions)."""
     probe.of(model_type, "sdpa")
     model = _qwen_vl_model(model_type, probe)
     seqs = [
@@ -401,15 +402,18 @@ def test_packed_rows_with_images_of_the_qwen_vl_family(model_type, probe):
         **_image_inputs(model, ids, 3, [0, 1, 2]),
     }  # fmt: skip
     spans = [(sum(len(s) for s in seqs[:i]), len(seq)) for i, seq in enumerate(seqs)]
-    for mask in (None, torch.ones_like(ids)):
+    collated = torch.tensor([[i for seq in seqs for i in range(len(seq))]])  # a collator's: text positions
+    for mask, positions in ((None, None), (torch.ones_like(ids), None), (None, collated)):
         extra = {} if mask is None else {"attention_mask": mask}
+        if positions is not None:  # (hfpatch: each sequence's own multimodal rope positions)
+            extra["position_ids"] = positions
         with torch.no_grad():
-            got = model(**inputs, **extra).logits[0]
+            got = model(**{**inputs, **extra}).logits[0]
             with hfpatch.unpatched():
-                wrong = model(**inputs, **extra).logits[0]
+                wrong = model(**{**inputs, **extra}).logits[0]
         worst = max((got[s : s + n] - a).abs().max().item() for (s, n), (a, _) in zip(spans, alone))
         off = max((wrong[s : s + n] - a).abs().max().item() for (s, n), (a, _) in zip(spans, alone))
-        assert worst <= TOLERANCE and off > WRONG, (mask is not None, worst, off)
+        assert worst <= TOLERANCE and off > WRONG, (mask is not None, positions is not None, worst, off)
     labels = ids.clone()
     for start, _ in spans:
         labels[0, start] = -100  # (a sequence's first token is no target of the one before)
