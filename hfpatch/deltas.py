@@ -9,7 +9,7 @@ pad among the new tokens, or in an earlier cached call, shifts every position af
 cached call without ``cache_position`` fails outright there (its mask of past and new tokens meets the new
 tokens alone), as one that continues an image prefill with a mask does on 5.3+. Some releases' deltas are
 off besides: a text prefill's row of one real token (a pad counts as position 1 before 5.2), Qwen2.5-VL's
-image rows on 5.3-5.x (the largest position, not the last token's).
+image rows on 5.4, measured (the largest position, not the last token's).
 
 :func:`continuing` numbers a cached call that gives no positions and no image by real tokens: its new
 tokens' positions are each row's next position plus the real tokens before each, and the row's deltas
