@@ -96,7 +96,9 @@ def build(adapter: Adapter, module: Any, pin: Pin) -> tuple[Patch, ...]:
         rows.append(Patch(owner, name, owner.__dict__.get(name, ABSENT), SdpaSwitch(name)))
     if plan.masks is not None and plan.masks.given:  # (a 4-D mask it would ignore: taken as given)
         name = "_update_causal_mask"
-        rows.append(Patch(owner, name, owner.__dict__.get(name, ABSENT), GivenMask(getattr(owner, name))))
+        rows.append(
+            Patch(owner, name, owner.__dict__.get(name, ABSENT), GivenMask(getattr(owner, name), pin))
+        )
     shared = (caches.recording_requested_lengths(), recording_generated_masks())
     rows.extend(row for row in shared if row is not None)  # (every adapter's: the ledger counts them)
     if keeps:  # its module's attention functions, by sequence where a packed row's layout reaches them

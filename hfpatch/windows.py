@@ -35,6 +35,7 @@ import torch
 
 from . import caches
 from ._compat import cache_utils
+from ._context import patched_here
 from .attention import MAPPING, ByLayout, carried, carrier
 from .positions import cache_positions, keys_seen, sequence_lengths, window_mask
 from .sources import (
@@ -248,8 +249,9 @@ class GivenMask:
     the class's own. Stock ignores a 4-D mask there silently; hfpatch hands one where a row packs several
     sequences."""
 
-    def __init__(self, original: Any) -> None:
+    def __init__(self, original: Any, pin: Any) -> None:
         self.original = original
+        self.pin = pin
 
     def __get__(self, instance: Any, owner: Any = None) -> Any:
         if instance is None:
@@ -257,7 +259,8 @@ class GivenMask:
         update = self.original.__get__(instance, owner)
 
         def _update_causal_mask(attention_mask: Any, *args: Any, **kwargs: Any) -> Any:
-            if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 4:
+            four = isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 4
+            if four and patched_here(self.pin):
                 return attention_mask
             return update(attention_mask, *args, **kwargs)
 
