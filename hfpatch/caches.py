@@ -435,7 +435,10 @@ def group_cache(cache: Any, layer: int, source: Optional[torch.Tensor], size: in
         if isinstance(state, torch.Tensor) and state.dim() and state.shape[0]:  # (else: made at first use)
             fresh = source is None
             state = state.new_zeros(size, *state.shape[1:]) if fresh else state.index_select(0, source)
-        mine = dict(states) if isinstance(states, dict) else list(states)
+        if isinstance(states, torch.Tensor):  # (one tensor for every layer: only this layer's is read)
+            mine = state.new_zeros(1, *state.shape).expand(len(states), *state.shape)  # (aliased: one layer)
+        else:
+            mine = dict(states) if isinstance(states, dict) else list(states)
         mine[layer] = state
         setattr(proxy, name, mine)
     if isinstance(vars(cache).get("has_previous_state"), bool):  # 4.x: one flag for the cache's states
@@ -445,7 +448,8 @@ def group_cache(cache: Any, layer: int, source: Optional[torch.Tensor], size: in
 
 def _containers(cache: Any, layer: int) -> list[tuple[str, Any]]:
     """A 4.x (or early 5.x) cache's per-layer containers that hold an entry for ``layer``: its lists and
-    dicts by layer index (``conv_states``, ``ssm_states``, ``recurrent_states``, ``conv_cache``,
+    dicts by layer index, or one tensor ``[layers, batch, ...]`` (4.45-4.48's Mamba caches) (``conv_states``,
+    ``ssm_states``, ``recurrent_states``, ``conv_cache``,
     ``linear_cache`` ...: whichever the release's class keeps), not its attention's keys and values (a
     Zamba layer holds both: its shared attention's and its Mamba's)."""
     found = []
@@ -453,7 +457,8 @@ def _containers(cache: Any, layer: int) -> list[tuple[str, Any]]:
         if name.startswith("_") or name in ("key_cache", "value_cache"):
             continue
         listed = isinstance(states, list) and layer < len(states)
-        if listed or (isinstance(states, dict) and layer in states):
+        stacked = isinstance(states, torch.Tensor) and states.dim() >= 3 and layer < len(states)
+        if listed or stacked or (isinstance(states, dict) and layer in states):
             found.append((name, states))
     return found
 
