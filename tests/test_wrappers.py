@@ -31,6 +31,11 @@ MULTIMODAL = [name for name, adapter in REGISTRY.items() if adapter.family.multi
 CASES = [(name, alias) for name in MULTIMODAL for alias in (name, *REGISTRY[name].aliases)]
 QUICK = {("paligemma", "eager"), ("qwen2_vl", "sdpa"), ("chameleon", "eager")}  # wrapper, text model, plain
 PREFIX_LM = {"paligemma"}  # its reference runs the same cached calls, one row at a time
+# measured: 5.0-5.1's Qwen-VL wrappers number a text-only cached call from its mask themselves (stock right
+# on the padded prefix continued; hfpatch must stay exact), before and after they count it without the mask
+STOCK_RIGHT_ON_PREFIX = (
+    {"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v"}, Version("5.0"), Version("5.2"),
+)  # fmt: skip
 A, B = [11, 12, 13, 14, 15], [21, 22, 23]
 
 
@@ -108,9 +113,11 @@ def test_padded_prefix_continued_equals_each_row_alone(name, model_type, attenti
     probe.of(model_type, attention)
     model = _model(name, model_type, attention, probe)
     patched, on_stock = both_sides(probe, lambda: _prefix_error(model), stock_raises=(RuntimeError,))
-    probe.judge(patched, on_stock, stock_wrong_expected=True)
+    types, first, past = STOCK_RIGHT_ON_PREFIX
+    stock_wrong = not (name in types and first <= Version(TF.base_version) < past)
+    probe.judge(patched, on_stock, stock_wrong_expected=stock_wrong)
     assert patched <= TOLERANCE, f"{model_type} ({attention}): hfpatch {patched:.2g}, stock {on_stock:.2g}"
-    assert on_stock > WRONG, (
+    assert on_stock > WRONG or not stock_wrong, (
         f"{model_type} ({attention}): stock is right ({on_stock:.2g}): the entry is stale"
     )
 

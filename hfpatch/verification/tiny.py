@@ -213,10 +213,14 @@ MULTIMODAL_OVERRIDES: dict[str, dict[str, Any]] = {
     "qwen2_vl": {**_QWEN_VL, "vision_config": {**_VISION, "embed_dim": 32, "num_heads": 2}},
     "qwen2_5_vl": {**_QWEN_VL, "vision_config": {**_VISION, "fullatt_block_indexes": [0]}},
     "qwen3_vl": {**_QWEN_VL, "vision_config": {**_VISION, "deepstack_visual_indexes": []}},
-    "qwen3_vl_moe": {**_QWEN_VL, "vision_config": {**_VISION, "deepstack_visual_indexes": []}},
-    "glm4v": {"text_config": _MROPE, "vision_config": _VISION},
-    "glm46v": {"text_config": _MROPE, "vision_config": _VISION},
-    "glmga": {"text_config": _MROPE, "vision_config": _VISION},
+    # 5.0's Qwen3-VL-MoE and GLM-4V text configs have no pad_token_id of their own (their models read one)
+    "qwen3_vl_moe": {
+        **_QWEN_VL, "text_config": {**_MROPE, **_PAD_ID},
+        "vision_config": {**_VISION, "deepstack_visual_indexes": []},
+    },
+    "glm4v": {"text_config": {**_MROPE, **_PAD_ID}, "vision_config": _VISION},
+    "glm46v": {"text_config": {**_MROPE, **_PAD_ID}, "vision_config": _VISION},
+    "glmga": {"text_config": {**_MROPE, **_PAD_ID}, "vision_config": _VISION},
     "paddleocr_vl": {"text_config": _MROPE, "vision_config": _VISION},
     "hunyuan_vl": {"text_config": {**_MROPE, "head_dim": 16}, "vision_config": _VISION},
     "exaone4_5": {"text_config": {**_PAD_ID, **WIDE}},  # windows stay transformers' (a declared limit)
