@@ -69,7 +69,11 @@ def build(adapter: Adapter, module: Any, pin: Pin) -> tuple[Patch, ...]:
         )
     plan = read_plan(adapter, original, owner)
     keeps = adapter.packed is None and packed_support(adapter, plan).startswith("yes")  # its packed rows
-    if keeps and any(head.drops and not head.takes_positions for head in heads):
+    # a model without attention whose heads drop the mask (RWKV's): it reaches its forward the same way
+    masks_dropped = (
+        not adapter.family.attends and plan.mixers and any(h.drops_mask is not None for h in heads)
+    )
+    if keeps and (masks_dropped or any(head.drops and not head.takes_positions for head in heads)):
         plan = plan._replace(handed=True)  # (positions its heads drop reach its forward: CALL.handed)
     rows = [Patch(owner, "forward", original, make_forward(adapter, original, plan, pin))]
     for name in adapter.also:
@@ -110,8 +114,11 @@ def build(adapter: Adapter, module: Any, pin: Pin) -> tuple[Patch, ...]:
     rows.extend(row for row in delta_rows(module, pin) if row.key not in keys)
     unpads = why_padded_here(adapter, plan) is None
     for head in heads:  # (where they are not kept, a head that drops a packed row's inputs drops them)
-        hands_on = head.drops and keeps
-        replacement = handing_on(head.forward, pin, head.takes_positions) if hands_on else head.forward
+        mask_at = head.drops_mask if masks_dropped else None
+        hands_on = (head.drops or mask_at is not None) and keeps
+        replacement = (
+            handing_on(head.forward, pin, head.takes_positions, mask_at) if hands_on else head.forward
+        )
         if unpads and head.targets:  # apply(unpad=True): a causal LM's head unpadded, any head's targets read
             replacement = gate(
                 replacement, pin, plan.masks, plan.cache_kw, causal_lm_head(head.cls), head.pools

@@ -446,6 +446,60 @@ def group_cache(cache: Any, layer: int, source: Optional[torch.Tensor], size: in
     return proxy
 
 
+def is_state(value: Any) -> bool:
+    """A state handed to a layer itself (RWKV's list of tensors, xLSTM's tuple): tensors, batch first."""
+    return (
+        isinstance(value, (list, tuple))
+        and bool(value)
+        and all(isinstance(t, torch.Tensor) and t.dim() for t in value)
+    )
+
+
+def uncounted(cache: Any) -> bool:
+    """A state handed on (RWKV's) or a cache that counts no tokens (xLSTM's): how much it holds not known."""
+    return is_state(cache) or not hasattr(cache, "get_seq_length") and not isinstance(cache, (tuple, list))
+
+
+def group_state(state: Any, source: Optional[torch.Tensor], size: int) -> Any:
+    """A group's own copy of a handed ``state``: the rows ``source`` (each sequence continues its row), or
+    fresh (None): zeros, what xLSTM's cache starts from; RWKV starts its running maximum at -1e30 instead, the
+    same state (its numerator and denominator are 0: the maximum only scales them)."""
+    return type(state)(
+        t.new_zeros(size, *t.shape[1:]) if source is None else t.index_select(0, source) for t in state
+    )
+
+
+def put_state(
+    state: Any, final: Any, members: torch.Tensor, at: torch.Tensor, layer: Optional[int], rows: int
+) -> Any:
+    """The handed ``state`` (of ``rows`` rows: an unpadded call's padded batch, zeros where it had fewer)
+    with the states a group's sequences ``members`` ended with (``final``) in its rows ``at``: of a tensor
+    whose last axis holds every layer's (RWKV's), layer ``layer``'s. New tensors (autograd may hold the
+    old ones), in the same list where it is one (RWKV's model goes on with the list it handed its layers)."""
+    if final is None:
+        return state
+    made = []
+    for current, ended in zip(state, final):
+        chosen = ended.index_select(0, members).to(current.dtype)
+        if current.shape[0] != rows:
+            current = current.new_zeros(rows, *current.shape[1:])
+        if isinstance(layer, int) and current.dim() >= 3 and layer < current.shape[-1] == ended.shape[-1]:
+            current = current.clone()
+            current[..., layer].index_copy_(0, at, chosen[..., layer])
+        else:
+            current = current.index_copy(0, at, chosen)
+        made.append(current)
+    if isinstance(state, list):
+        state[:] = made
+        return state
+    return type(state)(made)
+
+
+def copied(state: Any) -> Any:
+    """A handed ``state``'s copy (a call without a real token: its pads move no state)."""
+    return type(state)(t.clone() for t in state)
+
+
 def _containers(cache: Any, layer: int) -> list[tuple[str, Any]]:
     """A 4.x (or early 5.x) cache's per-layer containers that hold an entry for ``layer``: its lists and
     dicts by layer index, or one tensor ``[layers, batch, ...]`` (4.45-4.48's Mamba caches) (``conv_states``,
@@ -547,6 +601,8 @@ def state_length(cache: Any) -> Optional[int]:
     (:func:`count_seen`), 0 where they hold no state; None: not known."""
     if cache is None:
         return 0
+    if uncounted(cache):
+        return None
     try:
         return int(cache.get_seq_length()) if not isinstance(cache, (tuple, list)) else past_length(cache)
     except ValueError:  # (5.24: a cache of state layers alone)

@@ -139,6 +139,10 @@ def make_forward(adapter: Adapter, original: Callable, plan: Plan, pin: Pin) -> 
                 if kwargs.get("position_ids") is None:
                     kwargs["position_ids"] = CALL.handed
                 CALL.handed = None
+            if handed and CALL.handed_mask is not None:  # ... and its mask (RWKV's)
+                if kwargs.get("attention_mask") is None:
+                    kwargs["attention_mask"] = given["attention_mask"] = CALL.handed_mask
+                CALL.handed_mask = None
             if ("cu_seq_lens_q" in kwargs or "seq_idx" in kwargs) and PACKED[0]:  # sequences given by length
                 positions_from_lengths(kwargs, call_inputs(kwargs, plan.ids_rank))
             eager, packed = False, None
@@ -266,6 +270,8 @@ def watched(
         named["position_ids"] = (
             CALL.handed
         )  # (positions its task head drops: the call packs its rows by them)
+    if plan.handed and CALL.handed_mask is not None and named.get("attention_mask") is None:
+        named["attention_mask"] = CALL.handed_mask  # (the mask it drops: RWKV's)
     call = functools.partial(forward, model, *args, **kwargs)
     return run_watched(model, adapter, named, patched_here(pin), plan.ids_rank, call)
 

@@ -29,14 +29,15 @@ import torch
 from torch import Tensor
 
 from . import caches
-from ._context import CALL
+from ._context import CALL, warn_once
 from .attention import RUNS, Carrier, carried
 from .patches import Patch
-from .sources import signature_of, state_mixers
+from .sources import hands_state, signature_of, state_mixers
 
 __all__ = ["Group", "Runs", "by_sequence", "mixer_rows", "runs_of"]
 
-CACHE_PARAMETERS = ("cache", "cache_params", "past_key_values")  # a mixer's cache, by release
+# a mixer's cache, by release; or the state itself (RWKV's and xLSTM's layers: a list or tuple of tensors)
+CACHE_PARAMETERS = ("cache", "cache_params", "past_key_values", "state")
 # what a packed row's caller may hand the layers for kernels that keep its sequences apart: a regrouped
 # call holds one sequence a row, and transformers' torch paths raise when given them
 LENGTHS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
@@ -163,8 +164,11 @@ def by_sequence(original: Callable) -> Callable:
         if runs is None:  # (or the mask carries them: a checkpointed layer recomputed in the backward pass)
             mask = kwargs.get("attention_mask", kwargs.get("conv_mask"))
             if mask.__class__ is not Carrier or mask.__dict__.get(RUNS) is None:
-                return original(self, *args, **kwargs)
-            runs = mask.__dict__[RUNS]
+                runs = _one_token_rows(self, args, kwargs.get("state"))
+                if runs is None:
+                    return original(self, *args, **kwargs)
+            else:
+                runs = mask.__dict__[RUNS]
         try:
             bound = signature.bind(self, *args, **kwargs)
         except TypeError:  # (the original's own error)
@@ -173,6 +177,23 @@ def by_sequence(original: Callable) -> Callable:
 
     forward.__hfpatch_mixer__ = True  # type: ignore[attr-defined]
     return forward
+
+
+def _one_token_rows(module: Any, args: tuple, state: Any) -> Optional[Runs]:
+    """A one-token step of several rows handed a state shared by every layer (RWKV's list, whose tensors
+    hold each layer's along their last axis): its rows one at a time (RWKV's token shift broadcasts the
+    rows' states into each other there, on stock: ``[rows, rows, ...]`` outputs); else None."""
+    if state.__class__ is not list or not args or not caches.is_state(state):
+        return None
+    hidden, layer = args[0], getattr(module, "layer_id", None)
+    if not isinstance(hidden, Tensor) or hidden.dim() != 3 or hidden.shape[1] != 1 or hidden.shape[0] < 2:
+        return None
+    if not isinstance(layer, int) or state[0].dim() < 3 or state[0].shape[-1] <= layer:
+        return None
+    rows = hidden.shape[0]
+    one = torch.zeros(1, dtype=torch.long, device=hidden.device)
+    groups = tuple(Group((one + r)[:, None], None, one + r, one, one + r) for r in range(rows))
+    return Runs((rows, 1), rows, groups)
 
 
 def _by_sequence(original: Callable, module: Any, bound: inspect.BoundArguments, runs: Runs) -> Any:
@@ -189,12 +210,15 @@ def _by_sequence(original: Callable, module: Any, bound: inspect.BoundArguments,
         if name in named:
             named[name] = None
     first = next(iter(named.values()), None)
-    layer = getattr(module, "layer_idx", None)
+    layer = getattr(module, "layer_idx", getattr(module, "layer_id", None))
     cache_name = next((name for name in CACHE_PARAMETERS if named.get(name) is not None), None)
     named = {k: v.as_subclass(Tensor) if v.__class__ is Carrier else v for k, v in named.items()}
-    if not _token_level(first, rows, length) or (cache_name is not None and not isinstance(layer, int)):
-        return original(module, **named)  # (not the call's rows: a layer this does not know)
     cache = named[cache_name] if cache_name is not None else None
+    handed = caches.is_state(cache)  # the state itself, not a cache object
+    if not _token_level(first, rows, length) or (
+        cache is not None and not handed and not isinstance(layer, int)
+    ):
+        return original(module, **named)  # (not the call's rows: a layer this does not know)
     outputs: Optional[list[Any]] = None
     kept = []
     for group in runs.groups:
@@ -202,6 +226,7 @@ def _by_sequence(original: Callable, module: Any, bound: inspect.BoundArguments,
         args = {
             name: None if "mask" in name else _gathered(value, rows, length, flat, group.index.shape)
             for name, value in named.items()
+            if name != cache_name
         }
         slots = named.get("cache_position")
         if (
@@ -209,7 +234,9 @@ def _by_sequence(original: Callable, module: Any, bound: inspect.BoundArguments,
         ):  # (4.x: each token's slot)
             args["cache_position"] = _slots_of(slots, group)
         sub = None
-        if cache is not None:
+        if handed:
+            args[cache_name] = caches.group_state(cache, group.source, group.index.shape[0])
+        elif cache is not None:
             sub = caches.group_cache(cache, layer, group.source, group.index.shape[0])
             if sub is None:  # a cache this cannot give a group (one recording its past): as transformers does
                 return original(module, **named)
@@ -219,14 +246,37 @@ def _by_sequence(original: Callable, module: Any, bound: inspect.BoundArguments,
         else:
             result = original(module, **args)
         outputs = _scattered(result, outputs, group, rows * length)
+        if handed and len(group.members):
+            ended = _returned_state(result, len(group.index))
+            cache = caches.put_state(cache, ended, group.members, group.rows, layer, runs.states)
         if sub is not None and len(group.members):
             kept.append((caches.layer_states(sub, layer, len(group.index)), group.members, group.rows))
             caches.carry_flags(sub, cache, layer)
-    if cache is not None:
+    if cache is not None and not handed:
         caches.put_states(cache, layer, kept, runs.states, length)
     if outputs is None:  # no real token in the call: its outputs are pads', and no state moves
+        if handed:
+            return _with_state(original(module, **{**named, cache_name: caches.copied(cache)}), cache)
         return original(module, **({**named, cache_name: None} if cache_name is not None else named))
     made = [o.view(rows, length, *o.shape[1:]) if isinstance(o, Tensor) else o for o in outputs]
+    if handed:  # (the state the layer returns: the caller's, each row's written in)
+        made = [cache if caches.is_state(part) else got for part, got in zip(_parts(result), made)]
+    return made[0] if len(made) == 1 and not isinstance(result, tuple) else type(result)(made)
+
+
+def _parts(result: Any) -> list[Any]:
+    return list(result) if isinstance(result, tuple) else [result]
+
+
+def _returned_state(result: Any, size: int) -> Any:
+    """The state a layer handed its state returned for a group of ``size`` sequences (RWKV's the list it was
+    given, written; xLSTM's a tuple of its own)."""
+    return next((p for p in _parts(result) if caches.is_state(p) and p[0].shape[0] == size), None)
+
+
+def _with_state(result: Any, state: Any) -> Any:
+    """A layer's result with the caller's ``state`` where it returned one (no real token moved it)."""
+    made = [state if caches.is_state(part) else part for part in _parts(result)]
     return made[0] if len(made) == 1 and not isinstance(result, tuple) else type(result)(made)
 
 
@@ -309,6 +359,18 @@ def _scattered(result: Any, outputs: Optional[list[Any]], group: Group, size: in
     return outputs
 
 
+TORCH_CHECKPOINTED = (
+    "hfpatch: {}: its layers are handed their state and no mask, and torch's checkpoint_wrapper recomputes "
+    "them outside the call: this call's sequences are not kept apart (as on stock); "
+    "model.gradient_checkpointing_enable() keeps them"
+)
+
+
+def _torch_checkpointed(model: Any) -> bool:
+    """A layer of ``model`` wrapped by torch's ``checkpoint_wrapper`` (FSDP's activation checkpointing)."""
+    return any(type(module).__name__ == "CheckpointWrapper" for module in model.modules())
+
+
 MASK_FUNCTION = "create_recurrent_attention_mask"  # masking_utils' 2-D mask of the state layers (5.x)
 
 
@@ -375,6 +437,11 @@ def call_runs(
     pads or not (:attr:`Runs.steps`). ``trims``: a model without attention, whose forward hands its mask
     to the state layers as it is, gets the mask of its new tokens (what transformers' own
     ``create_recurrent_attention_mask`` gives the state layers of every other model)."""
+    if cache is None and caches.is_state(kwargs.get("state")):  # (RWKV's: the state itself, no cache)
+        cache = kwargs["state"]
+    if hands_state(model) and torch.is_grad_enabled() and _torch_checkpointed(model):
+        warn_once(("state handed", type(model).__name__), TORCH_CHECKPOINTED.format(type(model).__name__), 4)
+        return None
     wants = kwargs.get("use_cache")
     if wants is None:
         wants = getattr(getattr(model, "config", None), "use_cache", False)

@@ -149,7 +149,9 @@ class Head(NamedTuple):
     under that name (``ABSENT`` for an inherited one), whether it hands its ``**kwargs`` to no call of its
     base model (a packed row's lengths stop there), whether it takes ``position_ids`` itself (or they stop
     there too: 5.x's BLOOM heads), whether it takes a target its loss reads (``labels``,
-    ``start_positions``, ``end_positions``), and whether it pools the token it picks by the pad id."""
+    ``start_positions``, ``end_positions``), whether it pools the token it picks by the pad id, and where
+    it takes an ``attention_mask`` it hands to no call of its base model (RWKV's), the mask's place among
+    its positional parameters (else None)."""
 
     cls: type
     forward: Callable
@@ -158,6 +160,7 @@ class Head(NamedTuple):
     takes_positions: bool
     targets: bool
     pools: bool = False
+    drops_mask: Optional[int] = None
 
 
 def task_heads(module: Any, owner: type) -> list[Head]:
@@ -192,7 +195,16 @@ def task_heads(module: Any, owner: type) -> list[Head]:
         drops = var is not None and not hands_on
         targets = any(name in params for name in TARGETS)
         pools = pools_by_pad_id(source_of(forward) or "")
-        found.append(Head(value, forward, own, drops, "position_ids" in params, targets, pools))
+        passed = {k.arg for call in calls for k in call.keywords} | {
+            a.id for call in calls for a in call.args if isinstance(a, ast.Name)
+        }
+        names = [name for name in params if name != "self"]
+        mask_at = (
+            names.index("attention_mask")
+            if "attention_mask" in names and "attention_mask" not in passed
+            else None
+        )
+        found.append(Head(value, forward, own, drops, "position_ids" in params, targets, pools, mask_at))
     return found
 
 
@@ -222,14 +234,29 @@ def _calls_base(func: ast.expr, base: str) -> bool:
     )
 
 
-def handing_on(original: Callable, pin: Pin, takes_positions: bool) -> Callable:
+def handing_on(
+    original: Callable, pin: Pin, takes_positions: bool, mask_at: Optional[int] = None
+) -> Callable:
     """The ``forward`` of a task head that drops its kwargs (:func:`task_heads`), made to keep a packed row
     reaching its base model: its lengths become positions (counting from 0 in each sequence) where the
     caller gives none, and positions the head would drop go to the base model's patched forward through
-    the call's context (``CALL.handed``, taken by the first patched forward that runs inside)."""
+    the call's context (``CALL.handed``, taken by the first patched forward that runs inside). ``mask_at``:
+    the head drops its ``attention_mask`` (this place among its positional parameters), which goes on the
+    same way (``CALL.handed_mask``: RWKV's, whose layers then keep each row's pads out of its state)."""
 
     @functools.wraps(original)
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if mask_at is not None and patched_here(pin):
+            mask = args[mask_at] if len(args) > mask_at else kwargs.get("attention_mask")
+            if isinstance(mask, Tensor):
+                before, CALL.handed_mask = CALL.handed_mask, mask
+                try:
+                    return handing(self, *args, **kwargs)
+                finally:
+                    CALL.handed_mask = before
+        return handing(self, *args, **kwargs)
+
+    def handing(self: Any, *args: Any, **kwargs: Any) -> Any:
         lengths = "cu_seq_lens_q" in kwargs or "seq_idx" in kwargs
         dropped = not takes_positions and kwargs.get("position_ids") is not None
         if not (lengths or dropped) or not PACKED[0] or not patched_here(pin):

@@ -60,8 +60,11 @@ def read_plan(adapter: Adapter, forward: Callable, owner: Optional[type] = None)
     # a forward whose positions are handed to its position module (hfpatch.decoders) takes none itself
     # (and reads only the ids and the mask: SpeechT5's text prenet takes no inputs_embeds)
     required = REQUIRED if adapter.family.hands_to is None else ("input_ids", "attention_mask")
-    if not adapter.family.attends:  # (no attention: no positions either)
-        required = tuple(name for name in required if name != "position_ids")
+    if not adapter.family.attends:  # (no attention: no positions either; a mask its **kwargs take: xLSTM's)
+        keywords = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+        required = tuple(
+            n for n in required if n != "position_ids" and not (keywords and n == "attention_mask")
+        )
     if adapter.family.ids_rank != 2:  # audio codes: no inputs_embeds
         required = tuple(name for name in required if name != "inputs_embeds")
     missing = [name for name in required if name not in names]

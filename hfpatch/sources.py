@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import inspect
 import re
+import sys
 import textwrap
 from typing import Any, Optional
 
@@ -17,6 +18,7 @@ __all__ = [
     "attends_inline",
     "forward_tree",
     "hands_positions_to_mask_functions",
+    "hands_state",
     "passes_4d_mask_as_given",
     "pools_by_pad_id",
     "signature_of",
@@ -139,10 +141,19 @@ def state_mixers(module: Any) -> list[type]:
     """The classes of a modeling module whose ``forward`` takes the call's tokens first and carries a
     state from token to token through the cache it is given (a convolution's window, an SSM's, a gated
     delta rule's, a linear attention's: read or written in the class's code, or in a function of the module
-    it calls, as 5.25's ``causal_conv1d_forward``): what :mod:`hfpatch.mixers` runs by sequence."""
+    it calls, as 5.25's ``causal_conv1d_forward``): what :mod:`hfpatch.mixers` runs by sequence. And a
+    stateful model's layers (``_is_stateful``, its ``_no_split_modules``) handed the state itself as their
+    ``state`` and returning it (RWKV's, xLSTM's: the model threads a list or tuple of tensors through
+    them)."""
     found: list[type] = []
     if module is None:
         return found
+    stateful = {
+        name
+        for value in vars(module).values()
+        if isinstance(value, type) and getattr(value, "_is_stateful", False)
+        for name in getattr(value, "_no_split_modules", None) or ()
+    }
     functions = _module_functions(module)  # (by their source: a decorator may make one a module, 5.25's)
     names = {name for name, source in functions.items() if _STATE_ACCESS.search(source)}
     for _ in range(2):  # (and a function of the module that calls one)
@@ -157,16 +168,31 @@ def state_mixers(module: Any) -> list[type]:
         ):
             continue
         source = source_of(value)
-        if source is None or not (_STATE_ACCESS.search(source) or (calls and calls.search(source))):
-            continue
         try:
             params = list(signature_of(value.__dict__["forward"]).parameters)
         except (TypeError, ValueError):
+            continue
+        if value.__name__ in stateful and "state" in params:
+            found.append(value)
+            continue
+        if source is None or not (_STATE_ACCESS.search(source) or (calls and calls.search(source))):
             continue
         model = any(getattr(base, "base_model_prefix", None) is not None for base in value.__mro__)
         if not model and any(name in params for name in ("cache", "cache_params", "past_key_values")):
             found.append(value)  # (a model class threads the cache through its layers: not a mixer)
     return found
+
+
+_HANDS: dict[type, bool] = {}
+
+
+def hands_state(model: Any) -> bool:
+    """Whether ``model``'s layers that carry a state are handed the state itself (RWKV's, xLSTM's)."""
+    cls = type(model)
+    if cls not in _HANDS:
+        found = state_mixers(sys.modules.get(cls.__module__))
+        _HANDS[cls] = any("state" in signature_of(c.__dict__["forward"]).parameters for c in found)
+    return _HANDS[cls]
 
 
 def _calling(names: set[str]) -> Optional[re.Pattern]:

@@ -37,10 +37,11 @@ import torch
 from torch import Tensor
 
 from . import caches
-from ._compat import CACHE_NAMES
+from ._compat import CACHE_NAMES, STATE
 from ._context import CALL, PACKED, UNPAD, Pin, count_unpadded, patched_here
 from .packed import NOT_KEPT, SPANS, Packed
 from .positions import padded_on_host, positions_from_mask
+from .sources import hands_state
 from .windows import FULL, attention_kinds, layer_types, packed_not_kept, text_config, whole_cache
 
 __all__ = ["Layout", "causal_lm_head", "gate", "laid_out", "padded_back", "read_at_a_pad", "unpadding"]
@@ -98,11 +99,15 @@ def _why_padded(model: Any, kwargs: dict, masks: Any, cache_kw: Optional[str], h
         return "inputs it does not know"
     if masks is not None and packed_not_kept(model, masks, masked=False) not in (None, ""):
         return NOT_KEPT  # (no masks at all: a model of state layers alone, which keep its sequences)
-    cache = next((kwargs[name] for name in CACHE_NAMES if kwargs.get(name) is not None), None)
-    if cache is not None and (caches.capacity(cache) is not None or caches.past_length(cache)):
+    cache = next((kwargs[name] for name in (*CACHE_NAMES, STATE) if kwargs.get(name) is not None), None)
+    if cache is not None and (
+        caches.uncounted(cache) or caches.capacity(cache) is not None or caches.past_length(cache)
+    ):
         return "a cache that is continued or static"
     wants = kwargs.get("use_cache")
     wants = getattr(config, "use_cache", False) if wants is None else wants
+    if wants and cache_kw is not None and hands_state(model):
+        return "a cache of its own to return (xLSTM's: made at the call's batch size, its states copied in)"
     kinds = set(attention_kinds(layer_types(config, masks), masks)) if masks is not None else {FULL}
     if wants and cache_kw is not None and kinds != {FULL}:
         # sliding layers would keep the packed row's last columns: the cache the model would make (or the

@@ -182,10 +182,10 @@ def test_status_answers_for_a_newer_releases_new_model_types(monkeypatch):
     assert "new in transformers 99.0" in entry.reason and entry.packed.startswith("no: "), entry
 
 
-@pytest.mark.parametrize("model_type", ["rwkv", "xlstm"])
+@pytest.mark.parametrize("model_type", ["mpt"])
 def test_verify_model_types_hfpatch_does_not_patch(model_type):
     """verify() works on any causal LM, patched or not: what it finds matches the declared verdict
-    (RWKV, xLSTM: not fixable by positions, a recurrent state they keep themselves)."""
+    (MPT: ALiBi from the distance between cache columns: not fixable by positions)."""
     import transformers
 
     try:

@@ -25,8 +25,6 @@ CACHE_COLUMNS = (
 
 # fmt: off
 UNDECLARED = (
-    _carries("rwkv", "RwkvModel", f"RWKV token shift and state: {RECURRENT}"),
-    _carries("xlstm", "xLSTMModel", f"mLSTM: {RECURRENT}"),
     Undeclared("inkling_text", NOT_FIXABLE, CACHE_COLUMNS),
     Undeclared("inkling2_text", NOT_FIXABLE, CACHE_COLUMNS),
     Undeclared("inkling2_loop_text", NOT_FIXABLE, CACHE_COLUMNS),
