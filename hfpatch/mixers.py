@@ -32,7 +32,7 @@ from . import caches
 from ._context import CALL, warn_once
 from .attention import RUNS, Carrier, carried
 from .patches import Patch
-from .sources import hands_state, signature_of, state_mixers
+from .sources import hands_state, held_states, keeps_state, signature_of, state_mixers
 
 __all__ = ["Group", "Runs", "by_sequence", "mixer_rows", "runs_of"]
 
@@ -211,7 +211,8 @@ def _by_sequence(original: Callable, module: Any, bound: inspect.BoundArguments,
             named[name] = None
     first = next(iter(named.values()), None)
     layer = getattr(module, "layer_idx", getattr(module, "layer_id", None))
-    cache_name = next((name for name in CACHE_PARAMETERS if named.get(name) is not None), None)
+    held = held_states(type(module))  # (a state the layer keeps on itself: a cache it is given is not its)
+    cache_name = next((n for n in CACHE_PARAMETERS if named.get(n) is not None and not held), None)
     named = {k: v.as_subclass(Tensor) if v.__class__ is Carrier else v for k, v in named.items()}
     cache = named[cache_name] if cache_name is not None else None
     handed = caches.is_state(cache)  # the state itself, not a cache object
@@ -219,8 +220,9 @@ def _by_sequence(original: Callable, module: Any, bound: inspect.BoundArguments,
         cache is not None and not handed and not isinstance(layer, int)
     ):
         return original(module, **named)  # (not the call's rows: a layer this does not know)
+    before = [_attribute(module, path) for path in held]
     outputs: Optional[list[Any]] = None
-    kept = []
+    kept, ends = [], []
     for group in runs.groups:
         flat = group.index.reshape(-1)
         args = {
@@ -241,11 +243,16 @@ def _by_sequence(original: Callable, module: Any, bound: inspect.BoundArguments,
             if sub is None:  # a cache this cannot give a group (one recording its past): as transformers does
                 return original(module, **named)
             args[cache_name] = sub
+        for path, state in zip(held, before):  # (None: the layer starts it afresh, as at its first call)
+            fresh = group.source is None or not isinstance(state, Tensor)
+            _set_attribute(module, path, None if fresh else state.index_select(0, group.source))
         if runs.steps and group.source is not None and group.index.shape[1] > 1:
             result = _stepped(original, module, args, group.index.shape[1])
         else:
             result = original(module, **args)
         outputs = _scattered(result, outputs, group, rows * length)
+        if held and len(group.members):
+            ends.append(([_attribute(module, path) for path in held], group.members, group.rows))
         if handed and len(group.members):
             ended = _returned_state(result, len(group.index))
             cache = caches.put_state(cache, ended, group.members, group.rows, layer, runs.states)
@@ -254,7 +261,14 @@ def _by_sequence(original: Callable, module: Any, bound: inspect.BoundArguments,
             caches.carry_flags(sub, cache, layer)
     if cache is not None and not handed:
         caches.put_states(cache, layer, kept, runs.states, length)
+    for i, path in enumerate(held):  # each row's state at its last sequence's end, the others' as they were
+        _set_attribute(module, path, _rows_of(before[i], [(e[i], m, at) for e, m, at in ends], runs.states))
     if outputs is None:  # no real token in the call: its outputs are pads', and no state moves
+        if held:
+            result = original(module, **named)
+            for path, state in zip(held, before):
+                _set_attribute(module, path, state)
+            return result
         if handed:
             return _with_state(original(module, **{**named, cache_name: caches.copied(cache)}), cache)
         return original(module, **({**named, cache_name: None} if cache_name is not None else named))
@@ -262,6 +276,34 @@ def _by_sequence(original: Callable, module: Any, bound: inspect.BoundArguments,
     if handed:  # (the state the layer returns: the caller's, each row's written in)
         made = [cache if caches.is_state(part) else got for part, got in zip(_parts(result), made)]
     return made[0] if len(made) == 1 and not isinstance(result, tuple) else type(result)(made)
+
+
+def _attribute(module: Any, path: tuple[str, ...]) -> Any:
+    """The attribute at ``path`` from ``module`` (``("rg_lru", "recurrent_states")``), None where absent."""
+    for name in path:
+        module = getattr(module, name, None)
+    return module
+
+
+def _set_attribute(module: Any, path: tuple[str, ...], value: Any) -> None:
+    owner = _attribute(module, path[:-1])
+    if owner is not None:
+        setattr(owner, path[-1], value)
+
+
+def _rows_of(state: Any, ended: list, rows: int) -> Any:
+    """A state a layer keeps on itself, for the call's ``rows``: ``state`` (zeros where it held no such
+    rows) with each group's sequences' ends (``ended``: (the group's state, its members, their rows)) in
+    the rows they end; ``state`` as it was where no group left one (a call that keeps none)."""
+    made = [(e, m, at) for e, m, at in ended if isinstance(e, Tensor)]
+    if not made:
+        return state if len(ended) == 0 else None
+    first = made[0][0]
+    fits = isinstance(state, Tensor) and state.shape[0] == rows and state.shape[1:] == first.shape[1:]
+    whole = state if fits else first.new_zeros(rows, *first.shape[1:])
+    for end, members, at in made:
+        whole = whole.index_copy(0, at, end.index_select(0, members).to(whole.dtype))
+    return whole
 
 
 def _parts(result: Any) -> list[Any]:
@@ -360,9 +402,9 @@ def _scattered(result: Any, outputs: Optional[list[Any]], group: Group, size: in
 
 
 TORCH_CHECKPOINTED = (
-    "hfpatch: {}: its layers are handed their state and no mask, and torch's checkpoint_wrapper recomputes "
-    "them outside the call: this call's sequences are not kept apart (as on stock); "
-    "model.gradient_checkpointing_enable() keeps them"
+    "hfpatch: {}: its layers that carry a state take no mask that could carry the call's sequences, and "
+    "torch's checkpoint_wrapper recomputes them outside the call: this call's sequences are not kept apart "
+    "(as on stock); model.gradient_checkpointing_enable() keeps them"
 )
 
 
@@ -439,7 +481,7 @@ def call_runs(
     ``create_recurrent_attention_mask`` gives the state layers of every other model)."""
     if cache is None and caches.is_state(kwargs.get("state")):  # (RWKV's: the state itself, no cache)
         cache = kwargs["state"]
-    if hands_state(model) and torch.is_grad_enabled() and _torch_checkpointed(model):
+    if (hands_state(model) or keeps_state(model)) and torch.is_grad_enabled() and _torch_checkpointed(model):
         warn_once(("state handed", type(model).__name__), TORCH_CHECKPOINTED.format(type(model).__name__), 4)
         return None
     wants = kwargs.get("use_cache")
@@ -461,9 +503,10 @@ def call_runs(
         if not isinstance(tokens, Tensor) or tokens.dim() < 2:
             return None
         num_new, where = tokens.shape[1], caches.state_length(cache)
-        if mask is None and steps and where and num_new > 1:  # (no mask: every token real)
+        first_step = num_new == 1 and where == 0 and keeps_state(model)  # (see fresh_step below)
+        if mask is None and ((steps and where and num_new > 1) or first_step):  # (no mask: every token real)
             real = torch.ones(tokens.shape[:2], dtype=torch.bool)
-            return runs_of(real, None, tokens.device, continues=True, keeps=keeps, steps=steps)
+            return runs_of(real, None, tokens.device, continues=bool(where), keeps=keeps, steps=steps)
         if mask.__class__ is not Tensor or mask.dim() != 2 or mask.shape[0] != tokens.shape[0]:
             return None
         if where is None:  # (a cache of state layers alone, seen first here: the mask spans it)
@@ -473,13 +516,16 @@ def call_runs(
             return None  # (a mask that does not span the cache and the new tokens: as transformers runs it)
         if trims and mask.shape[1] > num_new and kwargs.get("attention_mask") is mask:
             kwargs["attention_mask"] = mask[:, where : where + num_new]
-    if num_new < 2:
+    # a first call of one token whose layers keep their state on themselves (RecurrentGemma's: its one-token
+    # path continues what they last held, another call's): each row starts afresh
+    fresh_step = num_new == 1 and where == 0 and keeps_state(model)
+    if num_new < 2 and not fresh_step:
         return None
     if isinstance(where, Tensor) and where.dim() == 0:  # (5.25: a cache of state layers counts in a tensor)
         where = int(where)
     new = mask[:, where : where + num_new] if isinstance(where, int) else mask[:, where.reshape(-1)]
     real = (new != 0).cpu()  # (the call's one host read)
     past = where if isinstance(where, int) else int(where.reshape(-1)[0])
-    if bool(real.all()) and not (steps and past > 0):
+    if bool(real.all()) and not (steps and past > 0) and not fresh_step:
         return None
     return runs_of(real, None, mask.device, continues=past > 0, keeps=keeps, steps=steps)

@@ -7,6 +7,7 @@ callers decide what that means for them."""
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import re
 import sys
@@ -19,6 +20,8 @@ __all__ = [
     "forward_tree",
     "hands_positions_to_mask_functions",
     "hands_state",
+    "keeps_state",
+    "held_states",
     "passes_4d_mask_as_given",
     "pools_by_pad_id",
     "signature_of",
@@ -144,7 +147,8 @@ def state_mixers(module: Any) -> list[type]:
     it calls, as 5.25's ``causal_conv1d_forward``): what :mod:`hfpatch.mixers` runs by sequence. And a
     stateful model's layers (``_is_stateful``, its ``_no_split_modules``) handed the state itself as their
     ``state`` and returning it (RWKV's, xLSTM's: the model threads a list or tuple of tensors through
-    them)."""
+    them); and a layer that keeps its state on itself, made by its own ``_setup_cache`` (RecurrentGemma's
+    recurrent block: :func:`held_states`)."""
     found: list[type] = []
     if module is None:
         return found
@@ -172,7 +176,7 @@ def state_mixers(module: Any) -> list[type]:
             params = list(signature_of(value.__dict__["forward"]).parameters)
         except (TypeError, ValueError):
             continue
-        if value.__name__ in stateful and "state" in params:
+        if (value.__name__ in stateful and "state" in params) or (len(params) > 1 and held_states(value)):
             found.append(value)
             continue
         if source is None or not (_STATE_ACCESS.search(source) or (calls and calls.search(source))):
@@ -183,16 +187,40 @@ def state_mixers(module: Any) -> list[type]:
     return found
 
 
-_HANDS: dict[type, bool] = {}
+@functools.cache
+def held_states(cls: type) -> tuple[tuple[str, ...], ...]:
+    """The attributes a layer keeps its state in, on itself or its children, as its own ``_setup_cache``
+    sets them (``self.conv1d_state``, ``self.rg_lru.recurrent_states``: paths from the layer), read from its
+    code; empty for a class without one."""
+    method = cls.__dict__.get("_setup_cache")
+    tree = forward_tree(method) if method is not None else None
+    found: list[tuple[str, ...]] = []
+    for node in ast.walk(tree) if tree is not None else ():
+        for target in node.targets if isinstance(node, ast.Assign) else ():
+            path = []
+            while isinstance(target, ast.Attribute):
+                path.insert(0, target.attr)
+                target = target.value
+            if isinstance(target, ast.Name) and target.id == "self" and path and tuple(path) not in found:
+                found.append(tuple(path))
+    return tuple(found)
 
 
 def hands_state(model: Any) -> bool:
     """Whether ``model``'s layers that carry a state are handed the state itself (RWKV's, xLSTM's)."""
-    cls = type(model)
-    if cls not in _HANDS:
-        found = state_mixers(sys.modules.get(cls.__module__))
-        _HANDS[cls] = any("state" in signature_of(c.__dict__["forward"]).parameters for c in found)
-    return _HANDS[cls]
+    return _own_states(type(model))[0]
+
+
+def keeps_state(model: Any) -> bool:
+    """Whether ``model``'s layers that carry a state keep it on themselves (RecurrentGemma's)."""
+    return _own_states(type(model))[1]
+
+
+@functools.cache
+def _own_states(cls: type) -> tuple[bool, bool]:
+    found = state_mixers(sys.modules.get(cls.__module__))
+    handed = any("state" in signature_of(c.__dict__["forward"]).parameters for c in found)
+    return handed, any(held_states(c) for c in found)
 
 
 def _calling(names: set[str]) -> Optional[re.Pattern]:

@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from . import caches
-from ._compat import CACHE_NAMES, STATE
+from ._compat import CACHE_NAMES, STATE, output_cache
 from ._context import CALL, PACKED, UNPAD, Pin, count_unpadded, patched_here
 from .packed import NOT_KEPT, SPANS, Packed
 from .positions import padded_on_host, positions_from_mask
@@ -240,10 +240,14 @@ def _run_packed(call: Callable[..., Any], packed: dict, layout: Layout, laid: Pa
     count_unpadded(None)
     before = CALL.unpadding, CALL.laid
     CALL.unpadding, CALL.laid = True, laid
+    given = next((packed[name] for name in CACHE_NAMES if packed.get(name) is not None), None)
     try:
-        return padded_back(call(**packed), layout)
+        result = padded_back(call(**packed), layout)
     finally:
         CALL.unpadding, CALL.laid = before
+    if given is not None and output_cache(result) is not given:  # (a model that returns none: RecurrentGemma)
+        caches.lay_back(given, layout.index, layout.batch, layout.length)
+    return result
 
 
 PADDED = object()  # what :func:`unpadding` returns for a call that keeps the padded path

@@ -46,19 +46,34 @@ KINDS = {
     "KDA": "kimi_linear",
     "RWKV (its state handed on)": "rwkv",
     "mLSTM (its state handed on)": "xlstm",
+    "RG-LRU (its state kept on the layer)": "recurrent_gemma",
 }
 QUICK = {"gated delta rule", "selective SSM"}
-# layers handed their state and no mask: torch's checkpoint_wrapper recomputes them outside the call, where
-# nothing carries its sequences: such a call runs as on stock, with a warning
-HANDED = {"rwkv", "xlstm"}
+# layers handed their state, or keeping it on themselves, that take no mask of their own: torch's
+# checkpoint_wrapper recomputes them outside the call, where nothing carries its sequences: such a call runs
+# as on stock, with a warning
+HANDED = {"rwkv", "xlstm", "recurrent_gemma"}
+# a model that returns no cache (its layers keep their state): its caller passes one and keeps it
+RETURNS_NO_CACHE = {"recurrent_gemma"}
+
+
+def first_cache(model):
+    """The cache a run starts from: None (the model makes one and returns it), or a ``DynamicCache`` made
+    here for a model that returns none."""
+    if model.config.model_type not in RETURNS_NO_CACHE:
+        return None
+    from transformers import DynamicCache
+
+    return DynamicCache(config=model.config)
 
 
 def left_to_stock(model, run) -> None:
-    """``run()`` warns that the call's sequences are not kept, and gives what it gives on stock."""
+    """``run()`` warns that the call's sequences are not kept, and gives what it gives on stock (where
+    hfpatch changes nothing else: a model without attention)."""
     with pytest.warns(RuntimeWarning, match="checkpoint_wrapper"):
         got = run()
     with stock():
-        assert run() == got
+        assert run() == got or REGISTRY[model.config.model_type].family.attends
 
 
 PARAMS = [
@@ -170,11 +185,15 @@ CASES = {
 def test_padded_batches_split_into_cached_calls(arch, case):
     model = hybrid(arch)
     rows, chunks, left = CASES[case]
-    tolerance = max(tolerance_of(model, rows), 4 * split_noise(model, rows, chunks))
-    assert max_diff(model, rows, run_padded(model, rows, chunks, left)) <= tolerance
+    noise = split_noise(model, rows, chunks)
+    assert noise <= 1e-4, (
+        f"each row alone, in pieces, is wrong on stock ({noise:.2g}): the test shows nothing"
+    )
+    tolerance = max(tolerance_of(model, rows), 4 * noise)
+    assert max_diff(model, rows, run_padded(model, rows, chunks, left, first_cache(model))) <= tolerance
     with stock():
         try:
-            wrong = max_diff(model, rows, run_padded(model, rows, chunks, left))
+            wrong = max_diff(model, rows, run_padded(model, rows, chunks, left, first_cache(model)))
         except RuntimeError:  # (stock Mamba: the mask of past + new tokens meets a step of the new ones)
             wrong = float("inf")
     assert wrong > WRONG, "stock is right here: the test shows nothing"
@@ -184,15 +203,18 @@ def split_noise(model, rows, chunks) -> float:
     """fp32's own noise of a recurrence run in pieces (a chunked scan, then steps: two algorithms): each row
     alone, unpadded, on stock, its first call's tokens in one call and the rest one at a time (the path
     every model continues right: some restart their state in a cached call of several), against it in one
-    call."""
+    call. The first call takes two tokens at least (RecurrentGemma's first call of one token continues
+    what its layers last held, on stock)."""
     worst, name = 0.0, cache_kwarg(model)
     for r, row in enumerate(rows):
         counts = [c[r] for c in chunks if c[r]]
-        cache, taken, pieces = None, 0, []
+        first = min(len(row), max(counts[0], 2))
+        cache, taken, pieces = first_cache(model), 0, []
         with stock(), torch.no_grad():
-            for n in counts[:1] + [1] * sum(counts[1:]):  # (no mask: every token real)
+            for n in [first] + [1] * (len(row) - first):  # (no mask: every token real)
                 out = model(input_ids=torch.tensor([row[taken : taken + n]]), use_cache=True, **{name: cache})
-                cache, taken = output_cache(out), taken + n
+                returned = output_cache(out)
+                cache, taken = cache if returned is None else returned, taken + n
                 pieces.append(out.logits[0])
         worst = max(worst, max_diff(model, [row], [torch.cat(pieces)]))
     return worst
@@ -333,22 +355,26 @@ def test_unpadded_call_and_its_cache(arch):
     width = max(len(r) for r in rows)
     ids = torch.tensor([[0] * (width - len(r)) + r for r in rows])  # left-padded, as generate() takes them
     mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
-    name = cache_kwarg(model)
+    name, given = cache_kwarg(model), first_cache(model)
     hfpatch.apply(unpad=True)
     try:
-        calls = hfpatch.status().unpadded["calls"]
+        calls, padded = hfpatch.status().unpadded["calls"], dict(hfpatch.status().unpadded["padded"])
         with torch.no_grad():
-            out = model(input_ids=ids, attention_mask=mask, use_cache=True)
+            out = model(
+                input_ids=ids, attention_mask=mask, use_cache=True, **({name: given} if given else {})
+            )
+        counted = hfpatch.status().unpadded
         if arch == "xlstm":
-            assert "a cache of its own" in " ".join(hfpatch.status().unpadded["padded"])
+            assert [why for why in counted["padded"] if counted["padded"][why] > padded.get(why, 0)] == [
+                "a cache of its own to return (xLSTM's: made at the call's batch size, its states copied in)"
+            ]
         else:
-            assert hfpatch.status().unpadded["calls"] == calls + 1 and not hfpatch.status().unpadded["padded"]
+            assert counted["calls"] == calls + 1 and dict(counted["padded"]) == padded
         nxt = torch.tensor([[20], [21], [22]])
         with torch.no_grad():
             longer = torch.cat([mask, torch.ones(3, 1, dtype=mask.dtype)], 1)
-            step = model(
-                input_ids=nxt, attention_mask=longer, **{name: output_cache(out), "use_cache": True}
-            ).logits
+            cache = given if given is not None else output_cache(out)
+            step = model(input_ids=nxt, attention_mask=longer, **{name: cache, "use_cache": True}).logits
         longer = [[*row, 20 + r] for r, row in enumerate(rows)]
         tolerance = max(
             tolerance_of(model, rows), 4 * split_noise(model, longer, [[len(r) for r in rows], [1, 1, 1]])
@@ -371,3 +397,25 @@ def test_status_keeps_their_packed_rows():
             __import__(REGISTRY[arch].module)
             assert hfpatch.status()[arch].packed.startswith("yes"), (kind, hfpatch.status()[arch])
     assert TF  # (a release without any of them: nothing to say)
+
+
+def test_a_first_call_of_one_token_starts_afresh():
+    """RecurrentGemma's layers keep their state on themselves, and its one-token path continues it: a first
+    call of one token (a cache passed empty, as its caller must) continues another run's state on stock;
+    with hfpatch each row starts afresh (stepping on, each row gets what it gets alone)."""
+    model = hybrid("recurrent_gemma")
+    row, other = [5, 6, 7, 8], [30, 31, 32, 33, 34]
+
+    def stepped() -> torch.Tensor:
+        with torch.no_grad():
+            model(input_ids=torch.tensor([other]))  # (another run: what the layers last held)
+            cache, pieces = first_cache(model), []
+            for token in row:
+                out = model(input_ids=torch.tensor([[token]]), cache=cache, use_cache=True)
+                pieces.append(out.logits[0])
+        return torch.cat(pieces)
+
+    assert (stepped() - run_alone(model, row)).abs().max() <= TOLERANCE
+    with stock():
+        wrong = (stepped() - run_alone(model, row)).abs().max()
+    assert wrong > WRONG, "stock is right: the test shows nothing"

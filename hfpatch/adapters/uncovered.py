@@ -2,23 +2,9 @@
 transformers 5.24.0 (docs/architectures.md): ``status()`` lists them, ``apply()``
 never touches them, ``verify()`` still probes them."""
 
-from typing import Optional
-
 from ..declarations import NOT_COVERED, NOT_FIXABLE, Undeclared
 
-RECURRENT = "a recurrent or convolution state absorbs pads: a hole in a cached prefix still advances it"
-HYBRID = f"attention layers are fixed by positions, but {RECURRENT}"
 ENCODER_AS_DECODER = "an encoder whose causal-LM head runs it as a decoder (is_decoder=True): not measured (BERT's is patched: bert)"
-# a packed row: these classes' forward only warns that it is not kept (Undeclared.watched)
-CARRIES = "no: its recurrent, convolution or linear-attention layers carry their state from one packed sequence into the next"
-
-
-def _carries(arch: str, cls: str, reason: str, package: Optional[str] = None) -> Undeclared:
-    """A model whose recurrent (or convolution, linear-attention) state no mask keeps apart: a packed call
-    of its base model class ``cls`` warns."""
-    return Undeclared(arch, NOT_FIXABLE, reason, watched=cls, packed=CARRIES, package=package)
-
-
 CACHE_COLUMNS = (
     "position_ids have no effect: a relative bias counts cache columns, and short convolutions see pads"
 )
