@@ -31,10 +31,13 @@ MULTIMODAL = [name for name, adapter in REGISTRY.items() if adapter.family.multi
 CASES = [(name, alias) for name in MULTIMODAL for alias in (name, *REGISTRY[name].aliases)]
 QUICK = {("paligemma", "eager"), ("qwen2_vl", "sdpa"), ("chameleon", "eager")}  # wrapper, text model, plain
 PREFIX_LM = {"paligemma"}  # its reference runs the same cached calls, one row at a time
-# measured: 5.0-5.1's Qwen-VL wrappers number a text-only cached call from its mask themselves (stock right
-# on the padded prefix continued; hfpatch must stay exact), before and after they count it without the mask
+# measured: 5.0-5.1's Qwen-VL (and GLM-4V, PaddleOCR-VL) wrappers number a text-only cached call from its
+# mask themselves (stock right on the padded prefix continued; hfpatch must stay exact), before and after
+# they count it without the mask
 STOCK_RIGHT_ON_PREFIX = (
-    {"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v"}, Version("5.0"), Version("5.2"),
+    {"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v", "paddleocr_vl"},
+    Version("5.0"),
+    Version("5.2"),
 )  # fmt: skip
 A, B = [11, 12, 13, 14, 15], [21, 22, 23]
 
