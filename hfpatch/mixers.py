@@ -243,9 +243,14 @@ def _by_sequence(original: Callable, module: Any, bound: inspect.BoundArguments,
             if sub is None:  # a cache this cannot give a group (one recording its past): as transformers does
                 return original(module, **named)
             args[cache_name] = sub
-        for path, state in zip(held, before):  # (None: the layer starts it afresh, as at its first call)
-            fresh = group.source is None or not isinstance(state, Tensor)
-            _set_attribute(module, path, None if fresh else state.index_select(0, group.source))
+        for path, state in zip(held, before):  # fresh: zeros, as its _setup_cache makes them (or None: made
+            size = group.index.shape[0]  # at its first call)
+            if not isinstance(state, Tensor):
+                _set_attribute(module, path, None)
+            elif group.source is None:
+                _set_attribute(module, path, state.new_zeros(size, *state.shape[1:]))
+            else:
+                _set_attribute(module, path, state.index_select(0, group.source))
         if runs.steps and group.source is not None and group.index.shape[1] > 1:
             result = _stepped(original, module, args, group.index.shape[1])
         else:

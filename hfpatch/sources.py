@@ -176,8 +176,11 @@ def state_mixers(module: Any) -> list[type]:
             params = list(signature_of(value.__dict__["forward"]).parameters)
         except (TypeError, ValueError):
             continue
-        if (value.__name__ in stateful and "state" in params) or (len(params) > 1 and held_states(value)):
+        if value.__name__ in stateful and "state" in params:
             found.append(value)
+            continue
+        if len(params) > 1 and held_states(value) and not _reads(value.__dict__["forward"], "attention_mask"):
+            found.append(value)  # (not an attention that keeps its keys on itself: 4.x RecurrentGemma's)
             continue
         if source is None or not (_STATE_ACCESS.search(source) or (calls and calls.search(source))):
             continue
@@ -221,6 +224,15 @@ def _own_states(cls: type) -> tuple[bool, bool]:
     found = state_mixers(sys.modules.get(cls.__module__))
     handed = any("state" in signature_of(c.__dict__["forward"]).parameters for c in found)
     return handed, any(held_states(c) for c in found)
+
+
+def _reads(function: Any, name: str) -> bool:
+    """Whether ``function``'s code reads ``name`` (a parameter it takes and uses), or cannot be read."""
+    tree = forward_tree(function)
+    if tree is None:
+        return True
+    loads = (n for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load))
+    return any(n.id == name for n in loads)
 
 
 def _calling(names: set[str]) -> Optional[re.Pattern]:
