@@ -17,8 +17,10 @@ What a test found is read from the JUnit properties the tests record, never from
   why not, compat/vocabulary.py) and the largest ``stock`` and ``hfpatch`` differences;
 - a full-suite test records ``invariant`` (its marker: the report's column) and ``arch`` (its flagship).
 
-Each file holds every test's last result, test by test: a later run's result of a test replaces the
-earlier one's, a skip replaces nothing, so a partial re-run leaves the other tests' results standing.
+A model type the release does not ship leaves no row (its absence is the default; a custom model's
+absence, where there is nothing to copy, is kept). Each file holds every test's last result, test by
+test: a later run's result of a test replaces the earlier one's, a skip replaces nothing, so a partial
+re-run leaves the other tests' results standing.
 Numbers are rounded to two significant digits and keys sorted: the same results give the same bytes.
 """
 
@@ -35,7 +37,7 @@ HERE = Path(__file__).resolve().parent
 FOLDER = HERE / "evidence"
 sys.path.insert(0, str(HERE.parent))
 
-from compat.vocabulary import ProbeRow, SuiteRow, as_list  # noqa: E402
+from compat.vocabulary import ABSENT, CUSTOM, ProbeRow, SuiteRow, as_list  # noqa: E402
 
 
 def read_junit(path: Path) -> list[dict[str, Any]]:
@@ -136,6 +138,9 @@ def merge(
         if record["outcome"] == "skip" and key in entries:
             continue  # a skip replaces nothing
         sections.add(section)
+        if section == "probe" and _absent(properties):  # (no row: a release without the type, the default)
+            entries.pop(key, None)
+            continue
         if section == "probe":  # the kind says the outcome
             row: tuple = ProbeRow(
                 properties["probe_type"], properties.get("attention", "eager"), properties.get("kind", ""),
@@ -151,6 +156,11 @@ def merge(
         if commit and commit not in evidence["code"][section]:
             evidence["code"][section].append(commit)
     return evidence
+
+
+def _absent(properties: dict) -> bool:
+    """A probe of a model type the release does not ship (not a custom model's: its absence is a finding)."""
+    return properties.get("kind") == ABSENT and not properties["probe_type"].startswith(CUSTOM)
 
 
 def _reason(evidence: dict[str, Any], message: str) -> int:

@@ -123,7 +123,9 @@ def probe_cells(evidence: dict, packed: bool = False) -> dict:
 
 def probe_verdict(runs: dict) -> str:
     """One release's probe of one model type (its cells, eager and SDPA): ``pass``, ``fail``, ``absent``
-    (the release does not ship it) or ``outside`` (skipped)."""
+    (the release does not ship it: no row, compat/evidence.py keeps none) or ``outside`` (skipped)."""
+    if not runs:
+        return "absent"
     outcomes = {run["outcome"] for run in runs.values()}
     if "fail" in outcomes:
         return "fail"
@@ -303,11 +305,11 @@ def _render_probe(summary: dict) -> list[str]:
         f"{newest}.",
     ]
     in_range_cells = [
-        by_release.get(release, "not probed")
+        by_release.get(release, "absent")
         for name, adapter in REGISTRY.items()
         for model_type in (name, *adapter.aliases)
         for release, by_release in [(r, verdicts.get(model_type, {})) for r in probed]
-        if _patched_on(adapter, release, model_type) and by_release.get(release) != "absent"
+        if _patched_on(adapter, release, model_type) and by_release.get(release, "absent") != "absent"
     ]
     passed = sum(1 for verdict in in_range_cells if verdict == "pass")
     left = Counter(

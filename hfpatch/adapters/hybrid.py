@@ -13,7 +13,6 @@ from .rotary import ROTARY
 STATE = Family("state", attends=False)  # no attention at all: no positions, no masks
 ALL = ">=4.0"  # (Adapter.steps: on every release)
 # releases whose stock call of the tiny model fails (no evidence either way: not patched there)
-NEMOTRON_H_514 = "stock fails making its cache there (KeyError 'mlp' for its tiny model): not verified"
 ZAMBA2_50 = (
     "a plain call of its tiny model fails on stock there ('Zamba2Model' has no rotary_emb): not verified"
 )
@@ -35,7 +34,7 @@ ADAPTERS = (
     Adapter("mamba", "MambaModel", STATE, "4.45", steps=ALL),
     Adapter("mamba2", "Mamba2Model", STATE, "4.44"),
     Adapter("falcon_mamba", "FalconMambaModel", STATE, "4.45", steps=ALL),
-    Adapter("nemotron_h", "NemotronHModel", ROTARY, "5.3", steps="<5.15", unverified=((">=5.14,<5.15", NEMOTRON_H_514),)),
+    Adapter("nemotron_h", "NemotronHModel", ROTARY, "5.3", steps="<5.15"),
     Adapter("minimax", "MiniMaxModel", ROTARY, "4.56"),
     Adapter("olmo_hybrid", "OlmoHybridModel", ROTARY, "5.3", steps="<5.7"),
     Adapter("qwen3_5_text", "Qwen3_5TextModel", ROTARY, "5.2", package="qwen3_5", aliases=("qwen3_5",), alias_since=(("qwen3_5", "5.8"),), steps="<5.7"),
@@ -43,8 +42,8 @@ ADAPTERS = (
     Adapter("qwen3_next", "Qwen3NextModel", ROTARY, "4.57", steps="<5.7"),
     Adapter("rwkv", "RwkvModel", STATE, "5.24"),
     Adapter("xlstm", "xLSTMModel", STATE, "5.24"),
-    Adapter("qwen4_exp_text", "Qwen4ExpTextModel", ROTARY, "5.24", package="qwen4_exp", aliases=("qwen4_exp",)),
-    Adapter("zamba", "ZambaModel", ROTARY, "5.24", steps=ALL),
+    Adapter("qwen4_exp_text", "Qwen4ExpTextModel", ROTARY, "5.16", package="qwen4_exp", aliases=("qwen4_exp",)),
+    Adapter("zamba", "ZambaModel", ROTARY, "4.46", steps=ALL),
     Adapter("zamba2", "Zamba2Model", ROTARY, "4.49", steps="<5.15", unverified=((">=5.0,<5.4", ZAMBA2_50),)),
     Adapter("zaya", "ZayaModel", ROTARY, "5.13"),
 )

@@ -16,15 +16,14 @@ transformers'):
 - Chameleon and Granite-Docling, whose text models count ``arange`` like any decoder.
 
 Each from the first release where the probe (tests/test_wrappers.py on every release, compat/REPORT.md)
-finds it exact. The Qwen-VL family from 5.2: before, its wrapper derives text-only positions itself
-(``get_rope_index``, then ``rope_deltas`` in cached calls) and hands them to the text model, wrong for a
-padded cached prefix (0.77-1.1 on tiny models on 4.57.6; Qwen2-VL's cached call fails), so the text
-model's patch never acts there. With an image, the Qwen-VL wrapper's positions stand: a plain forward
-call that continues an image prefill from the cache with the mask of past + new tokens fails on stock
-(tiny Qwen2-VL on 4.57.6, 5.5.4 and 5.24.0: its ``rope_deltas`` branch counts positions for every mask
-column, not the new tokens), with hfpatch too; ``generate()`` passes positions of its own. PaliGemma is
-a prefix LM: on 4.57.6 and 5.5.4 a masked prefill attends the whole prompt both ways, so its reference
-is each row alone through the same cached calls.
+finds it exact. The Qwen-VL family from its text model's first release (Qwen2-VL and Qwen2.5-VL 4.52,
+GLM-4V 4.53, Qwen3-VL 4.57): where its wrapper derives text-only positions itself (``get_rope_index``, then
+``rope_deltas`` in cached calls; wrong for a padded cached prefix before 5.0 and after 5.1, right on
+5.0-5.1), or hands the text model none, :mod:`hfpatch.deltas` numbers a cached call without positions by
+real tokens, keeping each row's rope deltas; an image prefill continued by plain calls too, and a packed
+row with images given 2-D positions gets each sequence's own multimodal rope positions. ``generate()``
+passes positions of its own. PaliGemma is a prefix LM: on 4.57.6 and 5.5.4 a masked prefill attends the
+whole prompt both ways, so its reference is each row alone through the same cached calls.
 
 Packed rows (positions restarting, text only): the text models keep them as a decoder does, from the
 2-D positions a collator gives or the multimodal rope forms (``[text; t; h; w]`` by its text row,
@@ -58,11 +57,11 @@ PALIGEMMA_SDPA = (
 ADAPTERS = (
     Adapter("paligemma", "PaliGemmaModel", MULTIMODAL, "4.52", limits=(WINDOW,), wrong_with=(PALIGEMMA_SDPA,), packed=PREFIX_LM),  # 2: Gemma 2's window
     Adapter("exaone4_5", "Exaone4_5_Model", MULTIMODAL, "5.8", limits=(WINDOW,), packed=BY_LANGUAGE_MODEL),
-    Adapter("qwen2_vl", "Qwen2VLTextModel", MULTIMODAL, "5.2"),
-    Adapter("qwen2_5_vl", "Qwen2_5_VLTextModel", MULTIMODAL, "5.2"),
-    Adapter("qwen3_vl", "Qwen3VLTextModel", MULTIMODAL, "5.2"),
-    Adapter("qwen3_vl_moe", "Qwen3VLMoeTextModel", MULTIMODAL, "5.2"),
-    Adapter("glm4v", "Glm4vTextModel", MULTIMODAL, "5.2", aliases=("glm46v", "glmga"), alias_since=(("glmga", "5.24"),)),
+    Adapter("qwen2_vl", "Qwen2VLTextModel", MULTIMODAL, "4.52"),
+    Adapter("qwen2_5_vl", "Qwen2_5_VLTextModel", MULTIMODAL, "4.52"),
+    Adapter("qwen3_vl", "Qwen3VLTextModel", MULTIMODAL, "4.57"),
+    Adapter("qwen3_vl_moe", "Qwen3VLMoeTextModel", MULTIMODAL, "4.57"),
+    Adapter("glm4v", "Glm4vTextModel", MULTIMODAL, "4.53", aliases=("glm46v", "glmga"), alias_since=(("glm46v", "5.2"), ("glmga", "5.24"))),
     Adapter("paddleocr_vl", "PaddleOCRTextModel", MULTIMODAL, "5.2"),
     Adapter("hunyuan_vl", "HunYuanVLTextModel", MULTIMODAL, "5.13"),
     Adapter("chameleon", "ChameleonModel", MULTIMODAL, "4.49"),
