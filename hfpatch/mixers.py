@@ -11,8 +11,10 @@ one length, or of similar length where no state is kept), every sequence from a 
 first of a row that continues a cache, from that row's cached state), and puts the outputs back in the
 row (zeros at the pads). The state each row ends with (its last sequence's, at its last real token) is
 written into the cache (:func:`hfpatch.caches.group_cache`, :func:`hfpatch.caches.put_states`), so that a
-later call continues it exactly. A mixer is found by its code (:func:`hfpatch.sources.state_mixers`):
-one mechanism for every kind of layer, nothing per model.
+later call continues it exactly. A layer handed the state itself (RWKV's list, xLSTM's tuple) gets each
+group's rows of it and returns the state with every row's end written in; a layer that keeps its state on
+itself (RecurrentGemma's) has it set to each group's rows, then to every row's own. A mixer is found by its
+code (:func:`hfpatch.sources.state_mixers`): one mechanism for every kind of layer, nothing per model.
 
 Other calls (a decode step, a call without pads among its new tokens) run every mixer as transformers
 does, after one read of ``CALL.mixing``.
@@ -486,7 +488,7 @@ def call_runs(
     ``create_recurrent_attention_mask`` gives the state layers of every other model)."""
     if cache is None and caches.is_state(kwargs.get("state")):  # (RWKV's: the state itself, no cache)
         cache = kwargs["state"]
-    if (hands_state(model) or keeps_state(model)) and torch.is_grad_enabled() and _torch_checkpointed(model):
+    if (hands_state(model) or keeps_state(model)) and model.training and _torch_checkpointed(model):
         warn_once(("state handed", type(model).__name__), TORCH_CHECKPOINTED.format(type(model).__name__), 4)
         return None
     wants = kwargs.get("use_cache")
@@ -508,7 +510,7 @@ def call_runs(
         if not isinstance(tokens, Tensor) or tokens.dim() < 2:
             return None
         num_new, where = tokens.shape[1], caches.state_length(cache)
-        first_step = num_new == 1 and where == 0 and keeps_state(model)  # (see fresh_step below)
+        first_step = num_new == 1 and keeps_state(model) and where == 0  # (see fresh_step below)
         if mask is None and ((steps and where and num_new > 1) or first_step):  # (no mask: every token real)
             real = torch.ones(tokens.shape[:2], dtype=torch.bool)
             return runs_of(real, None, tokens.device, continues=bool(where), keeps=keeps, steps=steps)
@@ -523,7 +525,7 @@ def call_runs(
             kwargs["attention_mask"] = mask[:, where : where + num_new]
     # a first call of one token whose layers keep their state on themselves (RecurrentGemma's: its one-token
     # path continues what they last held, another call's): each row starts afresh
-    fresh_step = num_new == 1 and where == 0 and keeps_state(model)
+    fresh_step = num_new == 1 and keeps_state(model) and isinstance(where, int) and where == 0
     if num_new < 2 and not fresh_step:
         return None
     if isinstance(where, Tensor) and where.dim() == 0:  # (5.25: a cache of state layers counts in a tensor)
