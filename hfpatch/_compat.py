@@ -38,21 +38,23 @@ __all__ = [
 
 CACHE_NAMES = ("cache", "past_key_values")  # 5.24 renamed past_key_values -> cache
 STATE = "state"  # what RWKV takes and returns instead: its state itself (a list of tensors)
+# what a model without a KV cache takes for its states: 4.x Mamba's ``cache_params``, RWKV's ``state``
+STATE_NAMES = ("cache_params", STATE)
 
 
 def cache_name(model: Any) -> Optional[str]:
     """The cache argument of ``model``'s forward (a model, or a forward function): ``cache`` (5.24+),
-    ``past_key_values``, ``state`` (RWKV's), or ``None`` for a model without a KV cache."""
+    ``past_key_values``, a state's (:data:`STATE_NAMES`), or ``None`` for a model without a cache."""
     forward: Callable = getattr(model, "forward", model)
     params = inspect.signature(forward).parameters
-    return next((name for name in (*CACHE_NAMES, STATE) if name in params), None)
+    return next((name for name in (*CACHE_NAMES, *STATE_NAMES) if name in params), None)
 
 
 def output_cache(output: Any) -> Any:
     """The cache a call returned: ``.cache`` (5.24+) or ``.past_key_values``, read as keys of a
     transformers output (5.24's ``past_key_values`` property logs a deprecation), as attributes of any
     other object (a user's own forward's); None where it returned none."""
-    keys, names = getattr(output, "keys", None), (*CACHE_NAMES, STATE)
+    keys, names = getattr(output, "keys", None), (*CACHE_NAMES, *STATE_NAMES)
     if callable(keys):
         found = keys()
         return next((output[key] for key in names if key in found), None)

@@ -44,7 +44,7 @@ from ._context import CALL, PACKED, UNPAD, Pin, count_unpadded, patched_here, wa
 from .caches import CAPACITY
 from .declarations import Adapter
 from .decoders import call_with_positions
-from .mixers import Runs, call_runs, with_runs
+from .mixers import AS_STOCK, Runs, call_runs, with_runs
 from .observers import WATCHERS, run_watched
 from .packed import NOT_KEPT, Packed, packed_rows, positions_from_lengths, warn_not_kept
 from .patches import Patch
@@ -167,6 +167,8 @@ def make_forward(adapter: Adapter, original: Callable, plan: Plan, pin: Pin) -> 
             ):  # (one new token and no window, every generate() step: no packed row, no hole to look at)
                 if windowed or given_positions.__class__ is not Tensor or given_positions.shape[-1] > 1:
                     packed = given_masks(self, adapter, plan, kwargs, cache)
+                    if packed is NOT_KEPT_ROW:  # (its state layers too: the whole call as stock runs it)
+                        return original(self, **kwargs)
         except (LeaveToStock, caches.MaskDoesNotFit) as exc:
             warn_left_to_stock(arch, str(exc))
             return original(self, **given)
@@ -177,6 +179,8 @@ def make_forward(adapter: Adapter, original: Callable, plan: Plan, pin: Pin) -> 
             return _with_eager_mask(original, self, kwargs)
         if mixes and not is_compiling():
             runs = call_runs(self, given, packed, derived, cache, kwargs, steps, trims)
+            if runs is AS_STOCK:
+                return original(self, **given)
             if drops_positions:
                 kwargs.pop("position_ids", None)
             if runs is not None:  # its layers that carry a state run each sequence alone (hfpatch.mixers)
@@ -218,7 +222,7 @@ def why_padded_here(adapter: Adapter, plan: Plan) -> Optional[str]:
         return "its language model's calls only (hfpatch unpads those given token ids)"
     if not family.attends and plan.mixers:
         return None
-    if adapter.packed is not None or plan.masks is None or not plan.masks.packed:
+    if adapter.packed is not None or plan.masks is None or not plan.masks.packed or plan.keeps_keys:
         return NOT_KEPT
     return None
 
@@ -241,6 +245,8 @@ def packed_support(adapter: Adapter, plan: Plan) -> str:
         return adapter.packed
     if family.seq2seq or (family.hands_to is not None and not family.from_mask):
         return f"no: {SEQ2SEQ}"
+    if plan.keeps_keys:
+        return f"no: {KEEPS_KEYS}"
     if not family.attends and plan.mixers:
         return f"yes ({STATE_LAYERS})"
     masks = plan.masks
@@ -252,6 +258,8 @@ def packed_support(adapter: Adapter, plan: Plan) -> str:
 
 
 STATE_LAYERS = "its layers that carry a state run each sequence alone"
+NOT_KEPT_ROW: Any = object()  # given_masks: a packed row not kept, of a model whose state layers leave it too
+KEEPS_KEYS = "its attention keeps its keys on itself (a window of its own): no mask by sequence reaches them"
 SEQ2SEQ = (
     "a decoder (or encoder) of an encoder-decoder model: hfpatch keeps the packed rows of decoder-only models"
 )
@@ -288,7 +296,7 @@ def given_masks(model: Any, adapter: Adapter, plan: Plan, kwargs: dict, cache: A
             return found  # (no attention: its state layers alone keep it, hfpatch.mixers)
         if found is not None:
             mask = found.mask
-            why = _not_kept(model, adapter, masks, kwargs)
+            why = KEEPS_KEYS if plan.keeps_keys else _not_kept(model, adapter, masks, kwargs)
             if why is None:
                 why = apply_masks(model, masks, plan.cache_kw, kwargs, cache, mask, mask.shape[1], 0, found)
                 if why is None:
@@ -296,7 +304,7 @@ def given_masks(model: Any, adapter: Adapter, plan: Plan, kwargs: dict, cache: A
             if why != "" and not torch.compiler.is_compiling():  # (""): transformers' own path, exact
                 # (compiled code treats every such call as packed, restarting or not: no word there)
                 warn_not_kept(adapter.arch, why)
-            return None
+            return NOT_KEPT_ROW if why != "" and plan.mixers else None
     if masks is not None and masks.windowed and not adapter.family.multimodal:
         given_windows(model, plan, masks, kwargs, cache)
     return None

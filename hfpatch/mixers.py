@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 from collections.abc import Callable
 from typing import Any, NamedTuple, Optional
 
@@ -408,11 +409,22 @@ def _scattered(result: Any, outputs: Optional[list[Any]], group: Group, size: in
     return outputs
 
 
+AS_STOCK: Any = object()  # call_runs: the whole call as stock runs it (its state layers cannot be kept)
 TORCH_CHECKPOINTED = (
     "hfpatch: {}: its layers that carry a state take no mask that could carry the call's sequences, and "
     "torch's checkpoint_wrapper recomputes them outside the call: this call's sequences are not kept apart "
-    "(as on stock); model.gradient_checkpointing_enable() keeps them"
+    "(the call runs as on stock); model.gradient_checkpointing_enable() keeps them"
 )
+
+
+def _carries_runs(model: Any, trims: bool) -> bool:
+    """Whether a mask its state layers take can carry a call's runs into a recomputation outside the call:
+    the 2-D mask of a model without attention (``trims``: Mamba's layers take it), or the one
+    ``create_recurrent_attention_mask`` makes (5.x hybrids); not for layers that take no mask (RWKV, xLSTM,
+    RecurrentGemma) nor 4.x hybrids (LFM2, MiniMax: no such function)."""
+    if hands_state(model) or keeps_state(model):
+        return False
+    return trims or callable(vars(sys.modules[type(model).__module__]).get(MASK_FUNCTION))
 
 
 def _torch_checkpointed(model: Any) -> bool:
@@ -488,9 +500,9 @@ def call_runs(
     ``create_recurrent_attention_mask`` gives the state layers of every other model)."""
     if cache is None and caches.is_state(kwargs.get("state")):  # (RWKV's: the state itself, no cache)
         cache = kwargs["state"]
-    if (hands_state(model) or keeps_state(model)) and model.training and _torch_checkpointed(model):
+    if model.training and not _carries_runs(model, trims) and _torch_checkpointed(model):
         warn_once(("state handed", type(model).__name__), TORCH_CHECKPOINTED.format(type(model).__name__), 4)
-        return None
+        return AS_STOCK
     wants = kwargs.get("use_cache")
     if wants is None:
         wants = getattr(getattr(model, "config", None), "use_cache", False)

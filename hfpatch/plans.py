@@ -20,7 +20,7 @@ from typing import Any, NamedTuple, Optional
 
 from ._compat import CACHE_NAMES, attaches_static_caches
 from .declarations import Adapter
-from .sources import state_mixers
+from .sources import keeps_keys, state_mixers
 from .support import in_range, installed_transformers
 from .windows import mask_plan
 
@@ -47,6 +47,9 @@ class Plan(NamedTuple):
     handed: bool = False  # a task head hands it positions it drops itself (``CALL.handed``: 5.x's BLOOM)
     mixers: bool = False  # its module has layers that carry a state, run by sequence (hfpatch.mixers)
     steps: bool = False  # ... one token at a time in a cached call of several (``Adapter.steps``, here)
+    keeps_keys: bool = (
+        False  # its attention keeps its keys on itself: no packed row kept (sources.keeps_keys)
+    )
 
 
 def read_plan(adapter: Adapter, forward: Callable, owner: Optional[type] = None) -> Plan:
@@ -83,6 +86,7 @@ def read_plan(adapter: Adapter, forward: Callable, owner: Optional[type] = None)
     version, eager_mask = installed_transformers(), adapter.eager_mask
     in_era = eager_mask is not None and version is not None and in_range(eager_mask[0], version)
     cache_kw = next((name for name in CACHE_NAMES if name in names), None)
+    held = owner is not None and keeps_keys(sys.modules.get(owner.__module__))
     family = adapter.family
     attached = family.attached_cache if era == SLOTS and attaches_static_caches(owner) else None
     return Plan(
@@ -99,7 +103,10 @@ def read_plan(adapter: Adapter, forward: Callable, owner: Optional[type] = None)
         if owner is None or (family.hands_to and not family.from_mask)
         else mask_plan(owner, not family.seq2seq),
         ids_rank=family.ids_rank,
-        mixers=owner is not None and bool(state_mixers(sys.modules.get(owner.__module__))),
+        # (where its attention keeps its keys on itself, the model's cache is its own: its state layers
+        # too run as transformers runs them: RecurrentGemma before 5.4)
+        mixers=owner is not None and not held and bool(state_mixers(sys.modules.get(owner.__module__))),
+        keeps_keys=held,
         steps=bool(adapter.steps) and version is not None and in_range(adapter.steps, version),
     )
 

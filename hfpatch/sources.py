@@ -20,6 +20,7 @@ __all__ = [
     "forward_tree",
     "hands_positions_to_mask_functions",
     "hands_state",
+    "keeps_keys",
     "keeps_state",
     "held_states",
     "passes_4d_mask_as_given",
@@ -207,6 +208,23 @@ def held_states(cls: type) -> tuple[tuple[str, ...], ...]:
             if isinstance(target, ast.Name) and target.id == "self" and path and tuple(path) not in found:
                 found.append(tuple(path))
     return tuple(found)
+
+
+def keeps_keys(module: Any) -> bool:
+    """A modeling module whose attention keeps its keys on itself (made by its own ``_setup_cache``, a
+    window of its own: RecurrentGemma's before 5.4), where no mask by sequence reaches them."""
+    return (
+        any(
+            isinstance(value, type)
+            and value.__module__ == module.__name__
+            and "forward" in value.__dict__
+            and held_states(value)
+            and _reads(value.__dict__["forward"], "attention_mask")
+            for value in vars(module).values()
+        )
+        if module is not None
+        else False
+    )
 
 
 def hands_state(model: Any) -> bool:

@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from . import caches
-from ._compat import CACHE_NAMES, STATE, output_cache
+from ._compat import CACHE_NAMES, STATE_NAMES, output_cache
 from ._context import CALL, PACKED, UNPAD, Pin, count_unpadded, patched_here
 from .packed import NOT_KEPT, SPANS, Packed
 from .positions import padded_on_host, positions_from_mask
@@ -99,7 +99,9 @@ def _why_padded(model: Any, kwargs: dict, masks: Any, cache_kw: Optional[str], h
         return "inputs it does not know"
     if masks is not None and packed_not_kept(model, masks, masked=False) not in (None, ""):
         return NOT_KEPT  # (no masks at all: a model of state layers alone, which keep its sequences)
-    cache = next((kwargs[name] for name in (*CACHE_NAMES, STATE) if kwargs.get(name) is not None), None)
+    cache = next(
+        (kwargs[name] for name in (*CACHE_NAMES, *STATE_NAMES) if kwargs.get(name) is not None), None
+    )
     if cache is not None and (
         caches.uncounted(cache) or caches.capacity(cache) is not None or caches.past_length(cache)
     ):

@@ -37,6 +37,11 @@ COLUMN_WINDOW = (
     "sliding window: {} decides it by cache column, so a hole from a padded cached prefix inside the "
     "window stays wrong (hfpatch makes the window positional for full, sliding and chunked layers only)"
 )
+RECURRENT_GEMMA_4X = (
+    "before 5.4 its attention keeps its keys on itself and its recurrent blocks their state: a padded batch in "
+    "one call is fixed (its recurrence restarts where position_ids are 0), a padded prefix continued later "
+    "is not, and packed rows are not kept; from 5.4 its recurrent blocks run each sequence alone"
+)
 LINEAR_LAYERS = "no: its linear-attention layers carry their state from one packed sequence into the next"
 COMPRESSED_LAYERS = "no: its compressed attention layers take no mask by sequence"
 BY_LANGUAGE_MODEL = "yes: its language model keeps them (the multimodal model passes the positions on)"
@@ -136,7 +141,7 @@ ADAPTERS = (
     Adapter("olmo3", "Olmo3Model", ROTARY, "4.57"),
     Adapter("olmoe", "OlmoeModel", ROTARY, "4.45"),
     Adapter("persimmon", "PersimmonModel", ROTARY, "4.34"),
-    Adapter("recurrent_gemma", "RecurrentGemmaModel", ROTARY, "4.40", steps=">=4.0"),  # its recurrent blocks: hfpatch.mixers
+    Adapter("recurrent_gemma", "RecurrentGemmaModel", ROTARY, "4.40", limits=(RECURRENT_GEMMA_4X,), steps=">=4.0"),  # its recurrent blocks: hfpatch.mixers (5.4+)
     Adapter("fuyu", "FuyuModel", ROTARY, "4.52", packed=BY_LANGUAGE_MODEL),  # multimodal: counts positions itself
     Adapter("phi", "PhiModel", ROTARY, "4.36"),
     Adapter("phi3", "Phi3Model", ROTARY, "4.41"),
