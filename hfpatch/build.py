@@ -36,7 +36,7 @@ from .decoders import HANDS_TO, receiver
 from .deltas import delta_rows
 from .forward import make_forward, packed_support, recording_generated_masks, why_padded_here
 from .mixers import mixer_rows
-from .packed import handing_on, task_heads, warning_of_packed_rows
+from .packed import handing_on, task_heads
 from .patches import ABSENT, Patch
 from .plans import read_plan
 from .rope import per_row_forward, rotary_classes
@@ -60,13 +60,6 @@ def build(adapter: Adapter, module: Any, pin: Pin) -> tuple[Patch, ...]:
     if getattr(original, "__hfpatch_adapter__", None) is not None:
         raise TypeError(f"{adapter.target} is already an hfpatch patch (two hfpatch copies imported?)")
     heads = task_heads(module, owner)
-    if adapter.family.watched:  # a class hfpatch does not fix: its packed calls only warn (and its heads'
-        # where they drop the positions: Mamba's)
-        found = [(owner, original, original), *((h.cls, h.own, h.forward) for h in heads if h.drops)]
-        return tuple(
-            Patch(cls, "forward", own, warning_of_packed_rows(adapter, forward, pin, counts=cls is owner))
-            for cls, own, forward in found  # (a head's call reaches its base model: counted there)
-        )
     plan = read_plan(adapter, original, owner)
     keeps = adapter.packed is None and packed_support(adapter, plan).startswith("yes")  # its packed rows
     # a model without attention whose heads drop the mask (RWKV's): it reaches its forward the same way

@@ -19,7 +19,6 @@ __all__ = [
     "SINUSOID",
     "TABLE",
     "THROUGH_LANGUAGE_MODEL",
-    "WATCHED",
     "Adapter",
     "Family",
     "Undeclared",
@@ -54,8 +53,6 @@ class Family(NamedTuple):
             ``tests/test_decoders.py`` checks it against its own reference.
         ids_rank: the rank of the patched forward's ``input_ids``: 3 for ``[batch, tokens, channels]``
             audio codes (Dia), whose forward takes no ``inputs_embeds``.
-        watched: a class hfpatch does not fix (:attr:`Undeclared.watched`): its forward only warns, once,
-            of a packed row it cannot keep to its sequences.
         attends: False for a model without attention (Mamba, Mamba2: only layers that carry a state): its
             forward takes no positions and no masks; its state layers keep a padded or packed call's
             sequences apart (:mod:`hfpatch.mixers`).
@@ -77,7 +74,6 @@ class Family(NamedTuple):
     ids_rank: int = 2
     multimodal: bool = False
     from_mask: bool = False
-    watched: bool = False
     attends: bool = True
 
 
@@ -160,9 +156,6 @@ class Adapter(NamedTuple):
         return "" if self.recognised else f">={self.since},<={NEWEST_TESTED}"
 
 
-# a class hfpatch does not fix, whose forward only warns of a packed row it cannot keep (Undeclared.watched)
-WATCHED = Family("watched", watched=True)
-
 RIGHT_ON_STOCK = "right on stock"
 NOT_FIXABLE = "not fixable by positions"
 NOT_COVERED = "not covered"
@@ -175,19 +168,10 @@ class Undeclared(NamedTuple):
     positions``, ``not covered``, or ``through its language model`` (a wrapper whose language model is
     a patched class), and why (measured on the newest tested release); ``language_model``: the adapter
     that patches its language model, where it runs through one (its packed rows are that one's);
-    ``watched``: its base model class, whose forward hfpatch replaces with one that only warns of a packed
-    row (positions restarting) it cannot keep to its sequences, and ``packed``: why not."""
+    ``packed``: what ``status()`` says of its packed rows, where declared."""
 
     arch: str
     verdict: str
     reason: str
     language_model: Optional[str] = None
-    watched: Optional[str] = None
     packed: str = ""
-    package: Optional[str] = None  # the ``transformers.models`` package of ``watched``, where not the type's
-
-    def watcher(self) -> Adapter:
-        """The adapter that installs the warning on ``watched`` (every release that ships it)."""
-        return Adapter(
-            self.arch, self.watched or "", WATCHED, "4.20", package=self.package, packed=self.packed
-        )

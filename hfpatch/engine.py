@@ -92,7 +92,6 @@ Archs = Union[str, Iterable[str], None]
 _lock = threading.RLock()
 _registry: dict[str, Adapter] = {}
 _undeclared: dict[str, Undeclared] = {}
-_watched: list[str] = []  # model types hfpatch does not patch whose class warns of packed rows
 _aliases: dict[str, str] = {}  # model type -> the adapter that patches its class
 _states: dict[str, AdapterState] = {}
 _left_alone: dict[str, str] = {}  # classes outside transformers that look like decoders, not patched: why
@@ -114,9 +113,6 @@ def _register() -> None:
         if entry.arch in _registry or entry.arch in _aliases or entry.arch in _undeclared:
             raise ValueError(f"model type {entry.arch!r} is declared twice")
         _undeclared[entry.arch] = entry
-        if entry.watched is not None:  # its class only warns of packed rows: installed as the others are
-            _states[entry.arch] = AdapterState(entry.watcher())
-            _watched.append(entry.arch)
 
 
 _register()
@@ -387,7 +383,7 @@ def select(archs: Archs) -> list[str]:
     ``TypeError`` for anything but a string or an iterable of them, ``ValueError`` for none, or for a
     model type hfpatch does not patch, with the reason or the nearest names."""
     if archs is None:
-        return [*_registry, *_watched]
+        return list(_registry)
     if isinstance(archs, str):
         names = [archs]
     elif isinstance(archs, Iterable) and not isinstance(archs, (bytes, Mapping)):

@@ -135,14 +135,8 @@ def make_forward(adapter: Adapter, original: Callable, plan: Plan, pin: Pin) -> 
                     cache = _take_cache(plan, kwargs)
                 elif cache_kw in kwargs:
                     cache = kwargs[cache_kw]
-            if handed and CALL.handed is not None:  # positions its task head drops: taken once, here
-                if kwargs.get("position_ids") is None:
-                    kwargs["position_ids"] = CALL.handed
-                CALL.handed = None
-            if handed and CALL.handed_mask is not None:  # ... and its mask (RWKV's)
-                if kwargs.get("attention_mask") is None:
-                    kwargs["attention_mask"] = given["attention_mask"] = CALL.handed_mask
-                CALL.handed_mask = None
+            if handed:  # positions (RWKV's: the mask) its task head drops: taken once, here
+                _take_handed(kwargs, given)
             if ("cu_seq_lens_q" in kwargs or "seq_idx" in kwargs) and PACKED[0]:  # sequences given by length
                 positions_from_lengths(kwargs, call_inputs(kwargs, plan.ids_rank))
             eager, packed = False, None
@@ -191,6 +185,19 @@ def make_forward(adapter: Adapter, original: Callable, plan: Plan, pin: Pin) -> 
     forward.__hfpatch_adapter__ = arch  # type: ignore[attr-defined]
     forward.__hfpatch_packed__ = packed_support(adapter, plan)  # type: ignore[attr-defined]
     return forward
+
+
+def _take_handed(kwargs: dict, given: dict) -> None:
+    """What a task head dropped and handed on through the call's context (``CALL.handed``: positions;
+    ``CALL.handed_mask``: RWKV's mask, stock's to see too), into the call where it gives none."""
+    if CALL.handed is not None:
+        if kwargs.get("position_ids") is None:
+            kwargs["position_ids"] = CALL.handed
+        CALL.handed = None
+    if CALL.handed_mask is not None:
+        if kwargs.get("attention_mask") is None:
+            kwargs["attention_mask"] = given["attention_mask"] = CALL.handed_mask
+        CALL.handed_mask = None
 
 
 class LeaveToStock(ValueError):

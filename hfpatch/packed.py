@@ -35,10 +35,10 @@ import torch
 from torch import Tensor
 
 from . import caches
-from ._context import CALL, PACKED, UNPAD, Pin, count_unpadded, patched_here, warn_once
+from ._context import CALL, PACKED, Pin, patched_here, warn_once
 from .attention import Sequences
 from .patches import ABSENT
-from .positions import has_padding, positions_in_segments, restarts, segments, segments_from_lengths
+from .positions import positions_in_segments, restarts, segments, segments_from_lengths
 from .sources import forward_tree, pools_by_pad_id, source_of
 
 __all__ = [
@@ -50,7 +50,6 @@ __all__ = [
     "packed_rows",
     "positions_from_lengths",
     "warn_not_kept",
-    "warning_of_packed_rows",
 ]
 
 
@@ -274,41 +273,6 @@ def handing_on(
         finally:
             CALL.handed = before
 
-    return forward
-
-
-def warning_of_packed_rows(adapter: Any, original: Callable, pin: Pin, counts: bool = True) -> Callable:
-    """The ``forward`` of a class hfpatch does not fix (``Family.watched``: recurrent, convolution,
-    linear-attention layers): a packed row it is handed (positions restarting, or sequences given by
-    their lengths) warns, once, that it is not kept to its sequences; the call is stock's, unchanged. Under
-    ``apply(unpad=True)`` a padded call of it (``counts``: its base model's, not a head's) is counted as
-    kept padded."""
-    why = adapter.packed.removeprefix("no: ")
-
-    @functools.wraps(original)
-    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if UNPAD[0] and counts and not args and CALL.unpad is not False and has_padding(kwargs):
-            count_unpadded(NOT_KEPT)  # (apply(unpad=True): its padded calls stay padded)
-        if (
-            ("position_ids" in kwargs or "cu_seq_lens_q" in kwargs or "seq_idx" in kwargs)
-            and PACKED[0]
-            and not torch.compiler.is_compiling()
-            and patched_here(pin)
-        ):
-            seen = {name: kwargs[name] for name in ("position_ids", "attention_mask") if name in kwargs}
-            tokens = kwargs.get("input_ids")
-            if tokens is None:
-                tokens = args[0] if args else kwargs.get("inputs_embeds")
-            tokens = tokens if isinstance(tokens, Tensor) and tokens.dim() >= 2 else None
-            for name in ("cu_seq_lens_q", "seq_idx"):
-                if name in kwargs:
-                    seen[name] = kwargs[name]
-            positions_from_lengths(seen, tokens)
-            if seen.get("position_ids") is not None and packed_rows(seen, tokens) is not None:
-                warn_not_kept(adapter.arch, why)
-        return original(self, *args, **kwargs)
-
-    forward.__hfpatch_adapter__ = adapter.arch  # type: ignore[attr-defined]
     return forward
 
 

@@ -255,12 +255,11 @@ def packed_answer(state: Any, how: str) -> str:
 
 def packed_undeclared(entry: Undeclared, answers: Mapping[str, str]) -> str:
     """A model type hfpatch does not patch keeps its packed rows as stock does: not to their sequences
-    (where its class is watched, a packed call warns); a wrapper whose language model a patched class
-    runs, as that one does."""
+    (or as declared); a wrapper whose language model a patched class runs, as that one does."""
     if not PACKED[0]:
         return PACKED_OFF
     if entry.packed:
-        return f"{entry.packed} (a packed call warns)" if entry.watched else entry.packed
+        return entry.packed
     own = answers.get(entry.language_model or "")
     if not own:
         return "no: hfpatch does not patch it"

@@ -249,22 +249,21 @@ def test_a_model_that_takes_its_positions_from_the_mask():
 
 
 def test_audit_lists_a_model_type_it_cannot_judge():
-    """A model of a type hfpatch does not patch (RWKV: a state it keeps itself) is listed with why."""
+    """A model of a type hfpatch does not patch (MPT: ALiBi from cache columns) is listed with why."""
     _need("gpt2")
     transformers = pytest.importorskip("transformers")
-    if not hasattr(transformers, "RwkvConfig"):
-        pytest.skip("no RWKV in this transformers release")
-    sizes = {"hidden_size": 16, "attention_hidden_size": 16, "intermediate_size": 32}
-    config = transformers.RwkvConfig(vocab_size=64, num_hidden_layers=2, **sizes)
-    rwkv = transformers.RwkvForCausalLM(config).eval()
+    if not hasattr(transformers, "MptConfig"):
+        pytest.skip("no MPT in this transformers release")
+    config = transformers.MptConfig(vocab_size=64, d_model=16, n_heads=2, n_layers=2, expansion_ratio=2)
+    mpt = transformers.MptForCausalLM(config).eval()
     with hfpatch.audit() as report:
         with torch.no_grad():
-            rwkv(input_ids=torch.tensor([[5, 6, 7]]))
+            mpt(input_ids=torch.tensor([[5, 6, 7]]))
     data = report.as_dict()
-    assert data["rwkv"]["calls"] is None and "hfpatch does not patch it" in next(
-        iter(data["rwkv"]["not_judged"])
+    assert data["mpt"]["calls"] is None and "hfpatch does not patch it" in next(
+        iter(data["mpt"]["not_judged"])
     )
-    assert "not judged: rwkv" in str(report)
+    assert "not judged: mpt" in str(report)
 
 
 @pytest.mark.parametrize(

@@ -302,7 +302,7 @@ def test_status_says_where_packed_rows_are_kept(arch):
     importlib.import_module(REGISTRY[arch].module)
     packed = hfpatch.status()[arch].packed
     assert packed.startswith("yes") == kept_here(arch), packed
-    assert hfpatch.status()["rwkv"].packed.startswith("no")
+    assert hfpatch.status()["mpt"].packed.startswith("no")
 
 
 def test_not_kept_warns_once_and_runs_as_stock(arch, fresh_warnings):
@@ -319,12 +319,13 @@ def test_not_kept_warns_once_and_runs_as_stock(arch, fresh_warnings):
 
 
 def test_recurrent_blocks_are_declared(fresh_warnings):
-    """RecurrentGemma's recurrent blocks carry their state from one sequence into the next: hfpatch says
-    so and leaves the call to stock."""
-    if TF < Version("4.40"):
-        pytest.skip(f"no RecurrentGemma in transformers {TF}")
+    """RecurrentGemma before 5.4: its attention keeps its keys on itself, where no mask by sequence
+    reaches them: hfpatch says so and leaves a packed call to stock (from 5.4 its packed rows are kept:
+    tests/test_mixers.py)."""
+    if TF < Version("4.40") or TF >= Version("5.4"):
+        pytest.skip(f"RecurrentGemma's packed rows are not declared left to stock in transformers {TF}")
     model = tiny("recurrent_gemma", "eager")
-    assert hfpatch.status()["recurrent_gemma"].packed.startswith("no: its recurrent blocks")
+    assert hfpatch.status()["recurrent_gemma"].packed.startswith("no: its attention keeps its keys")
     if "position_ids" not in inspect.signature(type(model).forward).parameters:
         pytest.skip(f"{type(model).__name__} takes no position_ids in transformers {TF}")
     kwargs, _ = pack([list(SEQUENCES)], mask=False)
@@ -334,7 +335,7 @@ def test_recurrent_blocks_are_declared(fresh_warnings):
     if "position_ids" not in seen[-1]:
         pytest.skip(f"{type(model).__name__} hands no position_ids to its base model in transformers {TF}")
     _context.WARNED.clear()  # (the look above was warned of)
-    with pytest.warns(RuntimeWarning, match="recurrent blocks"):
+    with pytest.warns(RuntimeWarning, match="keeps its keys on itself"):
         assert same_as_stock(lambda: [model(**kwargs).logits]) == "ok"
 
 
@@ -473,36 +474,3 @@ def test_the_environment_variable_is_read_by_apply(monkeypatch, model):
         assert hfpatch.status()[model.config.model_type].packed.startswith("no")
     finally:
         hfpatch.apply(packed=True)
-
-
-@pytest.mark.parametrize("arch", ["rwkv", "xlstm"])
-def test_models_hfpatch_does_not_fix_warn_of_packed_rows(arch, fresh_warnings):
-    """Recurrent models whose state hfpatch does not reach (RWKV, xLSTM: they keep it themselves, not in
-    layers that read a cache: hfpatch.mixers) carry it from one packed sequence into the next: a packed
-    call warns, once, and runs as stock, bit for bit; a padded batch whose positions never restart says
-    nothing."""
-    try:
-        __import__("transformers").AutoConfig.for_model(arch)
-    except ValueError:
-        pytest.skip(f"no {arch} in transformers {TF}")
-    model = tiny(arch, "eager")
-    entry = hfpatch.status()[arch]
-    assert entry.state == "not fixable by positions" and entry.packed.endswith("(a packed call warns)"), entry
-    kwargs, _ = pack([list(SEQUENCES)], mask=False)
-    kwargs["use_cache"] = False  # (some tiny hybrids cannot make their own cache for a plain call)
-    try:
-        with stock(), torch.no_grad():
-            model(**kwargs)
-    except (TypeError, ValueError) as exc:  # positions no release of it takes: no packed row reaches it
-        pytest.skip(f"{type(model).__name__} takes no packed row in transformers {TF}: {str(exc)[:100]}")
-    with pytest.warns(RuntimeWarning, match=f"packed row of {arch} .* carry their state"), torch.no_grad():
-        assert same_as_stock(lambda: [model(**kwargs).logits]) == "ok"
-    padded = {"input_ids": torch.tensor([[0, 0, 5, 6, 7], [8, 9, 10, 11, 12]]),
-              "attention_mask": torch.tensor([[0, 0, 1, 1, 1], [1] * 5]),
-              "position_ids": torch.tensor([[1, 1, 0, 1, 2], [0, 1, 2, 3, 4]]),
-              "use_cache": False}  # fmt: skip
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        with torch.no_grad():
-            model(**kwargs)  # said once
-            model(**padded)
