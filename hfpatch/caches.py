@@ -27,6 +27,7 @@ from .positions import static_fill_level
 
 __all__ = [
     "MaskDoesNotFit",
+    "attends",
     "capacity",
     "growing_past",
     "count_written",
@@ -96,7 +97,7 @@ def _read_capacity(cache: Any) -> int:
     cache = own(cache)
     layers = _layers(cache)
     if layers is not None:  # sliding-window layers hold fewer slots: the cache's length is the longest
-        layers = [layer for layer in layers if _attends(layer)]  # (not a state layer's, nor a dummy)
+        layers = [layer for layer in layers if attends(layer)]  # (not a state layer's, nor a dummy)
         if not len(layers) or getattr(layers[0], "max_cache_len", None) is None:
             return 0  # growing layers (DynamicCache, whose layers may be added later)
         size = 0
@@ -351,12 +352,12 @@ def own(cache: Any) -> Any:
 def _first_layer_attr(layers: Any, name: str) -> Any:
     """``name`` of the first layer that holds keys (5.x's linear-attention layers hold a state alone)."""
     for layer in layers:  # (the first, but where a model's first layers carry a state or hold none)
-        if _attends(layer):
+        if attends(layer):
             return getattr(layer, name, None)
     return None
 
 
-def _attends(layer: Any) -> bool:
+def attends(layer: Any) -> bool:
     """A cache layer that holds an attention's keys (not a state layer's states alone, nor a dummy)."""
     return hasattr(layer, "keys") and hasattr(layer, "get_seq_length")
 
@@ -624,5 +625,5 @@ def count_seen(cache: Any, past: Optional[int], num_new: int) -> None:
     if cache is None or past is None or torch.compiler.is_compiling():
         return
     layers = getattr(cache, "layers", None) or ()
-    if layers and not any(_attends(layer) or hasattr(layer, "cumulative_length_linear") for layer in layers):
+    if layers and not any(attends(layer) or hasattr(layer, "cumulative_length_linear") for layer in layers):
         setattr(cache, SEEN, past + num_new)

@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from . import caches
+from ._compat import STATE_NAMES
 from ._context import CALL, warn_once
 from .attention import RUNS, Carrier, carried
 from .patches import Patch
@@ -498,8 +499,8 @@ def call_runs(
     pads or not (:attr:`Runs.steps`). ``trims``: a model without attention, whose forward hands its mask
     to the state layers as it is, gets the mask of its new tokens (what transformers' own
     ``create_recurrent_attention_mask`` gives the state layers of every other model)."""
-    if cache is None and caches.is_state(kwargs.get("state")):  # (RWKV's: the state itself, no cache)
-        cache = kwargs["state"]
+    if cache is None:  # (the states by another name: 4.x-5.23 Mamba's and xLSTM's cache_params, RWKV's state)
+        cache = next((kwargs[name] for name in STATE_NAMES if kwargs.get(name) is not None), None)
     if model.training and not _carries_runs(model, trims) and _torch_checkpointed(model):
         warn_once(("state handed", type(model).__name__), TORCH_CHECKPOINTED.format(type(model).__name__), 4)
         return AS_STOCK

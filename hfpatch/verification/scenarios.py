@@ -12,6 +12,7 @@ from typing import Any, NamedTuple, Optional
 import torch
 
 from .._compat import attaches_static_caches, cache_name, new_static_cache, output_cache
+from ..caches import attends
 from ..positions import new_token_positions
 from ..tolerances import FP32, NOISE_CAP, WRONG
 from .tiny import PAD, VOCAB
@@ -483,7 +484,11 @@ def takes_static_cache(model: Any, inputs: Inputs = DECODER_ONLY) -> bool:
     # StaticCache (an all-ones mask is dropped before it counts)
     mask = {inputs.mask: torch.tensor([[0, 1]])} if seq2seq else {}
     try:
-        with torch.no_grad():
+        with torch.no_grad():  # a model whose own cache holds no attention layer (5.x Mamba's): no static one
+            ids = inputs.tokens(torch.tensor([[5, 6]]))
+            own = output_cache(model(**{inputs.ids: ids}, **inputs.row(0, 1), use_cache=True))
+        if getattr(own, "layers", None) and not any(attends(layer) for layer in own.layers):
+            return False
             model(
                 **{inputs.ids: inputs.tokens(torch.tensor([[5, 6]]))},
                 **inputs.row(0, 1),
