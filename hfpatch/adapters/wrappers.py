@@ -62,7 +62,7 @@ ADAPTERS = (
     Adapter("qwen3_vl", "Qwen3VLTextModel", MULTIMODAL, "4.57"),
     Adapter("qwen3_vl_moe", "Qwen3VLMoeTextModel", MULTIMODAL, "4.57"),
     Adapter("glm4v", "Glm4vTextModel", MULTIMODAL, "4.53", aliases=("glm46v", "glmga"), alias_since=(("glm46v", "5.2"), ("glmga", "5.24"))),
-    Adapter("paddleocr_vl", "PaddleOCRTextModel", MULTIMODAL, "5.2"),
+    Adapter("paddleocr_vl", "PaddleOCRTextModel", MULTIMODAL, "5.0"),
     Adapter("hunyuan_vl", "HunYuanVLTextModel", MULTIMODAL, "5.13"),
     Adapter("chameleon", "ChameleonModel", MULTIMODAL, "4.49"),
     Adapter("granite_docling", "GraniteDoclingTextModel", MULTIMODAL, "5.23"),

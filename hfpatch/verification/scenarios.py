@@ -489,6 +489,8 @@ def takes_static_cache(model: Any, inputs: Inputs = DECODER_ONLY) -> bool:
             own = output_cache(model(**{inputs.ids: ids}, **inputs.row(0, 1), use_cache=True))
         if getattr(own, "layers", None) and not any(attends(layer) for layer in own.layers):
             return False
+        if own is not None and not isinstance(own, (tuple, list, transformers.cache_utils.Cache)):
+            return False  # (a cache class of its own: xLSTM's, 4.x Mamba's)
             model(
                 **{inputs.ids: inputs.tokens(torch.tensor([[5, 6]]))},
                 **inputs.row(0, 1),
