@@ -491,6 +491,7 @@ def takes_static_cache(model: Any, inputs: Inputs = DECODER_ONLY) -> bool:
             return False
         if own is not None and not isinstance(own, (tuple, list, transformers.cache_utils.Cache)):
             return False  # (a cache class of its own: xLSTM's, 4.x Mamba's)
+        with torch.no_grad():
             model(
                 **{inputs.ids: inputs.tokens(torch.tensor([[5, 6]]))},
                 **inputs.row(0, 1),
