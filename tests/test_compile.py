@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch._dynamo.testing import CompileCounter
 
+import hfpatch
 from hfpatch.plans import SLOTS
 from hfpatch.positions import new_token_positions
 
@@ -255,20 +256,18 @@ def test_compiled_calls_follow_unpatched_and_the_audit(model):
 
 
 def test_compiled_positions_on_a_model_that_keeps_no_packed_rows_say_nothing(recwarn):
-    """A compiled call with the caller's positions on a model whose packed rows are not kept (RecurrentGemma:
-    its recurrent blocks): one graph under fullgraph=True, no warning from inside the trace, stock's
-    logits (an ordinary padded batch whose positions never restart)."""
+    """A compiled call with the caller's positions on a model whose packed rows are not kept (OpenAI GPT:
+    its mask code takes no 4-D mask): one graph under fullgraph=True, no warning from inside the trace,
+    stock's logits (an ordinary padded batch whose positions never restart)."""
     from hfpatch.verification.tiny import tiny_model
 
-    if TF < __import__("packaging.version").version.Version("4.40"):
-        pytest.skip(f"no RecurrentGemma in transformers {TF}")
-    model = tiny_model("recurrent_gemma", attention="eager")
+    model = tiny_model("openai-gpt", attention="eager")
+    assert hfpatch.status()["openai-gpt"].packed.startswith("no")
     kwargs = _left_padded(seed=46)
     kwargs["position_ids"] = new_token_positions(kwargs["attention_mask"], 5)
-    kwargs["use_cache"] = False  # (its recurrent state kept between calls would tell them apart)
     counter = CompileCounter()
     with torch.no_grad():
-        with reverted():  # compiled stock (4.57's compiled RecurrentGemma differs from its eager calls)
+        with reverted():  # compiled stock
             want = torch.compile(model, fullgraph=True, backend="eager")(**kwargs).logits
         torch._dynamo.reset()
         got = torch.compile(model, fullgraph=True, backend=counter)(**kwargs).logits
