@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from . import caches
-from ._compat import CACHE_NAMES, STATE_NAMES, output_cache
+from ._compat import CACHE_NAMES, STATE, STATE_NAMES, cache_name, output_cache
 from ._context import CALL, PACKED, UNPAD, Pin, count_unpadded, patched_here
 from .packed import NOT_KEPT, SPANS, Packed
 from .positions import padded_on_host, positions_from_mask
@@ -108,7 +108,7 @@ def _why_padded(model: Any, kwargs: dict, masks: Any, cache_kw: Optional[str], h
         return "a cache that is continued or static"
     wants = kwargs.get("use_cache")
     wants = getattr(config, "use_cache", False) if wants is None else wants
-    if wants and cache_kw is not None and hands_state(model):
+    if wants and hands_state(model) and cache_name(model) != STATE:
         return "a cache of its own to return (xLSTM's: made at the call's batch size, its states copied in)"
     kinds = set(attention_kinds(layer_types(config, masks), masks)) if masks is not None else {FULL}
     if wants and cache_kw is not None and kinds != {FULL}:

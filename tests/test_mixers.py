@@ -66,6 +66,10 @@ def uncarried(model) -> bool:
     return arch in HANDED or not own_mask
 
 
+# measured: where stock itself raises on the tests' rows (the release probe covers these releases)
+STOCK_RAISES = {
+    "xlstm": ("5.2", "stock's own chunkwise kernel raises on a row of 8 tokens ('Tensor' is not callable)"),
+}
 # a model that returns no cache (its layers keep their state): its caller passes one and keeps it
 RETURNS_NO_CACHE = {"recurrent_gemma"}
 
@@ -116,6 +120,8 @@ def hybrid(arch: str, **sizes):
     reason = arch_skip_reason(arch)
     if reason:
         pytest.skip(reason)
+    if arch in STOCK_RAISES and TF < Version(STOCK_RAISES[arch][0]):
+        pytest.skip(f"{arch} in transformers {TF}: {STOCK_RAISES[arch][1]}")
     said = hfpatch.status()[arch].packed
     if "keeps its keys" in said:  # (RecurrentGemma before 5.4: its layers too run as transformers runs them)
         pytest.skip(f"{arch} in transformers {TF}: {said}")
