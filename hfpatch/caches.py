@@ -464,7 +464,7 @@ def uncounted(cache: Any) -> bool:
 def group_state(state: Any, source: Optional[torch.Tensor], size: int) -> Any:
     """A group's own copy of a handed ``state``: the rows ``source`` (each sequence continues its row), or
     fresh (None): zeros, what xLSTM's cache starts from; RWKV starts its running maximum at -1e30 instead, the
-    same state (its numerator and denominator are 0: the maximum only scales them)."""
+    same state up to rounding (its numerator and denominator are 0: the maximum only scales them)."""
     return type(state)(
         t.new_zeros(size, *t.shape[1:]) if source is None else t.index_select(0, source) for t in state
     )

@@ -47,9 +47,7 @@ class Plan(NamedTuple):
     handed: bool = False  # a task head hands it positions it drops itself (``CALL.handed``: 5.x's BLOOM)
     mixers: bool = False  # its module has layers that carry a state, run by sequence (hfpatch.mixers)
     steps: bool = False  # ... one token at a time in a cached call of several (``Adapter.steps``, here)
-    keeps_keys: bool = (
-        False  # its attention keeps its keys on itself: no packed row kept (sources.keeps_keys)
-    )
+    keeps_keys: bool = False  # its attention keeps its keys on itself: its packed rows are not kept
 
 
 def read_plan(adapter: Adapter, forward: Callable, owner: Optional[type] = None) -> Plan:
