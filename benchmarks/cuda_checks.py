@@ -44,7 +44,8 @@
    against its own batch row at bf16's tolerance; and its device syncs (``set_sync_debug_mode("warn")``)
    at most one more than the sequences' own batch's (the call's one host read).
 8. Models whose layers carry a state (hfpatch.mixers) on the GPU: Qwen3.5 (gated delta rule), LFM2 (short
-   convolution), Mamba (selective SSM, no attention), Nemotron-H (Mamba2), fp32, TF32 off, on
+   convolution), Mamba (selective SSM, no attention), Nemotron-H (Mamba2), RWKV and xLSTM (their state
+   handed to the layers), fp32, TF32 off, on
    transformers' torch paths (``USE_HUB_KERNELS=0``; what a device without fla, causal-conv1d and
    mamba_ssm runs): a row packing three sequences (no mask, the collator's ``cu_seq_lens_*`` and its
    ``seq_idx``), a right-padded cached prefix continued by 1 and by 3 tokens, left padding in one call, and
@@ -526,7 +527,8 @@ def _at_length(model, length: int, varlen_attn) -> bool:
     return worst <= limit and synced
 
 
-HYBRIDS = ("qwen3_5_text", "lfm2", "mamba", "nemotron_h")
+# (RWKV and xLSTM: their layers handed the state itself; RecurrentGemma returns no cache to continue)
+HYBRIDS = ("qwen3_5_text", "lfm2", "mamba", "nemotron_h", "rwkv", "xlstm")
 
 
 def hybrids(device: str = "cuda") -> bool:
