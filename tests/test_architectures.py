@@ -12,7 +12,16 @@ from packaging.version import Version
 from probes import exact_where_run, judge_verification
 
 import hfpatch
-from compat.vocabulary import ABSENT, EXACT, NOT_KEPT, OUTSIDE, SKIPPED, STOCK_RIGHT, WRONG_WITH_POSITIONS
+from compat.vocabulary import (
+    ABSENT,
+    EXACT,
+    NOT_KEPT,
+    OUTSIDE,
+    SKIPPED,
+    STOCK_FAILS,
+    STOCK_RIGHT,
+    WRONG_WITH_POSITIONS,
+)
 from hfpatch.support import NEWEST_TESTED
 from hfpatch.verification.tiny import tiny_model, tiny_seq2seq
 
@@ -112,8 +121,9 @@ def test_packed_rows_covered_architecture(name, model_type, attention, probe):
         with hfpatch.unpatched(), torch.no_grad():
             run_layout(model, "no mask")
     except TypeError as exc:  # a model that takes no positions: no packed row to make
-        if "position_ids" not in str(exc):
-            raise
+        if "position_ids" not in str(exc):  # (stock's own code raises on the row: 4.54-5.1's xLSTM kernel)
+            probe.found(STOCK_FAILS)
+            pytest.skip(f"{type(model).__name__} raises on a packed row on stock in transformers {TF}: {exc}")
         probe.found(SKIPPED)
         pytest.skip(f"{type(model).__name__} takes no position_ids in transformers {TF}: {exc}")
     said = hfpatch.status()[name].packed
