@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from . import caches
+from ._compat import CACHE_NAMES
 from ._context import Pin, patched_here
 from .patches import Patch
 from .positions import restarts, segments
@@ -40,7 +41,6 @@ from .sources import source_of
 __all__ = ["continuing", "delta_rows"]
 
 VISION = ("pixel_values", "pixel_values_videos", "image_grid_thw", "video_grid_thw")
-CACHE = ("past_key_values", "cache")
 BY_REAL = "len(current_input_ids)"  # 5.3+: a row's deltas its next position less its real tokens
 
 
@@ -130,7 +130,7 @@ def _call(kwargs: dict) -> Optional[_Call]:
     if not isinstance(tokens, Tensor) or tokens.dim() < 2:
         return None
     rows, new = tokens.shape[0], tokens.shape[1]
-    past = caches.past_length(next((kwargs[name] for name in CACHE if kwargs.get(name) is not None), None))
+    past = caches.past_length(next((kwargs[n] for n in CACHE_NAMES if kwargs.get(n) is not None), None))
     images = any(kwargs.get(name) is not None for name in VISION)
     mask = kwargs.get("attention_mask")
     if isinstance(mask, Tensor) and mask.dim() == 2 and mask.shape[0] == rows and mask.shape[1] >= new:

@@ -161,10 +161,10 @@ def make_forward(adapter: Adapter, original: Callable, plan: Plan, pin: Pin) -> 
             ):  # (one new token and no window, every generate() step: no packed row, no hole to look at)
                 if windowed or given_positions.__class__ is not Tensor or given_positions.shape[-1] > 1:
                     packed = given_masks(self, adapter, plan, kwargs, cache)
-                    if packed is NOT_KEPT_ROW:  # (its state layers too: the whole call as stock runs it)
-                        return original(self, **kwargs)
         except (LeaveToStock, caches.MaskDoesNotFit) as exc:
             warn_left_to_stock(arch, str(exc))
+            return original(self, **given)
+        if packed is AS_STOCK:  # (a packed row not kept, its state layers too: the whole call as stock's)
             return original(self, **given)
         if family is not None:  # handed to the position module instead (hfpatch.decoders)
             laid = packed.mask if packed is not None else None
@@ -265,7 +265,6 @@ def packed_support(adapter: Adapter, plan: Plan) -> str:
 
 
 STATE_LAYERS = "its layers that carry a state run each sequence alone"
-NOT_KEPT_ROW: Any = object()  # given_masks: a packed row not kept, of a model whose state layers leave it too
 KEEPS_KEYS = "its attention keeps its keys on itself (a window of its own): no mask by sequence reaches them"
 SEQ2SEQ = (
     "a decoder (or encoder) of an encoder-decoder model: hfpatch keeps the packed rows of decoder-only models"
@@ -295,7 +294,9 @@ def given_masks(model: Any, adapter: Adapter, plan: Plan, kwargs: dict, cache: A
     """A call with the caller's positions: a row whose positions restart is kept to the sequences it
     packs (:mod:`hfpatch.packed`; its layout returned: its 2-D mask, for a position module that reads it,
     its sequences, for the layers that carry a state); else, where the model has windows, they are
-    decided by position in a mask with holes (:func:`given_windows`). The positions stay the caller's."""
+    decided by position in a mask with holes (:func:`given_windows`). The positions stay the caller's.
+    :data:`~hfpatch.mixers.AS_STOCK` for a packed row not kept of a model whose state layers would run it
+    by sequence: the whole call is stock's."""
     masks = plan.masks
     if PACKED[0]:
         found = packed_rows(kwargs, call_inputs(kwargs, plan.ids_rank))
@@ -311,7 +312,7 @@ def given_masks(model: Any, adapter: Adapter, plan: Plan, kwargs: dict, cache: A
             if why != "" and not torch.compiler.is_compiling():  # (""): transformers' own path, exact
                 # (compiled code treats every such call as packed, restarting or not: no word there)
                 warn_not_kept(adapter.arch, why)
-            return NOT_KEPT_ROW if why != "" and plan.mixers else None
+            return AS_STOCK if why != "" and plan.mixers else None
     if masks is not None and masks.windowed and not adapter.family.multimodal:
         given_windows(model, plan, masks, kwargs, cache)
     return None

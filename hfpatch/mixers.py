@@ -316,6 +316,7 @@ def _rows_of(state: Any, ended: list, rows: int) -> Any:
 
 
 def _parts(result: Any) -> list[Any]:
+    """A layer's result as a list of its outputs (one, where it returns no tuple)."""
     return list(result) if isinstance(result, tuple) else [result]
 
 
@@ -346,7 +347,7 @@ def _stepped(original: Callable, module: Any, args: dict, longest: int) -> Any:
         sliced = {name: _at(value, longest, t) for name, value in args.items()}
         results.append(original(module, **sliced))
     first = results[0]
-    parts = [list(r) if isinstance(r, tuple) else [r] for r in results]
+    parts = [_parts(r) for r in results]
     joined = [
         torch.cat([p[i] for p in parts], 1)
         if isinstance(p0, Tensor) and _token_level(p0, p0.shape[0], 1)
@@ -391,7 +392,7 @@ def _gathered(value: Any, rows: int, length: int, flat: Tensor, shape: torch.Siz
 def _scattered(result: Any, outputs: Optional[list[Any]], group: Group, size: int) -> list[Any]:
     """The group's outputs put into the call's flat ``[rows x length, ...]`` ones (zeros where no real
     token is): its token-level tensors; any other output, None."""
-    parts = list(result) if isinstance(result, tuple) else [result]
+    parts = _parts(result)
     sequences, longest = group.index.shape
     if outputs is None:
         outputs = [
@@ -410,7 +411,7 @@ def _scattered(result: Any, outputs: Optional[list[Any]], group: Group, size: in
     return outputs
 
 
-AS_STOCK: Any = object()  # call_runs: the whole call as stock runs it (its state layers cannot be kept)
+AS_STOCK: Any = object()  # the whole call as stock runs it (its state layers cannot keep its sequences)
 TORCH_CHECKPOINTED = (
     "hfpatch: {}: its layers that carry a state take no mask that could carry the call's sequences, and "
     "torch's checkpoint_wrapper recomputes them outside the call: this call's sequences are not kept apart "
