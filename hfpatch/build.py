@@ -34,7 +34,13 @@ from .attention import module_rows
 from .declarations import Adapter
 from .decoders import HANDS_TO, receiver
 from .deltas import delta_rows
-from .forward import make_forward, packed_support, recording_generated_masks, why_padded_here
+from .forward import (
+    make_forward,
+    packed_support,
+    recording_generated_masks,
+    takes_keyword,
+    why_padded_here,
+)
 from .mixers import mixer_rows
 from .packed import handing_on, task_heads
 from .patches import ABSENT, Patch
@@ -61,12 +67,14 @@ def build(adapter: Adapter, module: Any, pin: Pin) -> tuple[Patch, ...]:
         raise TypeError(f"{adapter.target} is already an hfpatch patch (two hfpatch copies imported?)")
     heads = task_heads(module, owner)
     plan = read_plan(adapter, original, owner)
+    if not takes_keyword(original, "position_ids") and not any(h.takes_positions or h.drops for h in heads):
+        plan = plan._replace(no_positions=True)
     keeps = adapter.packed is None and packed_support(adapter, plan).startswith("yes")  # its packed rows
     # a model without attention whose heads drop the mask (RWKV's): it reaches its forward the same way
     masks_dropped = (
         not adapter.family.attends and plan.mixers and any(h.drops_mask is not None for h in heads)
     )
-    if keeps and (masks_dropped or any(head.drops and not head.takes_positions for head in heads)):
+    if masks_dropped or (keeps and any(head.drops and not head.takes_positions for head in heads)):
         plan = plan._replace(handed=True)  # (positions its heads drop reach its forward: CALL.handed)
     rows = [Patch(owner, "forward", original, make_forward(adapter, original, plan, pin))]
     for name in adapter.also:
@@ -108,7 +116,7 @@ def build(adapter: Adapter, module: Any, pin: Pin) -> tuple[Patch, ...]:
     unpads = why_padded_here(adapter, plan) is None
     for head in heads:  # (where they are not kept, a head that drops a packed row's inputs drops them)
         mask_at = head.drops_mask if masks_dropped else None
-        hands_on = (head.drops or mask_at is not None) and keeps
+        hands_on = (head.drops and keeps) or mask_at is not None
         replacement = (
             handing_on(head.forward, pin, head.takes_positions, mask_at) if hands_on else head.forward
         )

@@ -566,7 +566,12 @@ def put_states(cache: Any, layer: int, kept: list, rows: int, tokens: int) -> No
             if own is not None:
                 current = _get(own, name, key)
             else:
-                current = getattr(cache, name)[layer]
+                whole = getattr(cache, name)
+                if isinstance(whole, torch.Tensor) and tuple(whole.shape[1:]) != (rows, *state.shape[1:]):
+                    # (4.4x's MambaCache: every layer's in one tensor, made at an unpadded call's batch)
+                    whole = whole.new_zeros(whole.shape[0], rows, *state.shape[1:])
+                    setattr(cache, name, whole)
+                current = whole[layer]
             if not isinstance(current, torch.Tensor) or tuple(current.shape) != (rows, *state.shape[1:]):
                 current = state.new_zeros(rows, *state.shape[1:])
                 if own is not None:

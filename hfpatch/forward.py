@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 
 from . import caches
-from ._compat import CACHE_NAMES
+from ._compat import CACHE_NAMES, STATE_NAMES
 from ._context import CALL, PACKED, UNPAD, Pin, count_unpadded, patched_here, warn_once
 from .caches import CAPACITY
 from .declarations import Adapter
@@ -92,7 +92,10 @@ def make_forward(adapter: Adapter, original: Callable, plan: Plan, pin: Pin) -> 
     trims = not adapter.family.attends  # ... the mask of the new tokens alone (no attention to take more)
     # positions its task head handed on (CALL.handed) that a forward without attention does not take (4.x
     # Mamba's): they found the call's sequences, and go no further
-    drops_positions = trims and not _takes(original, "position_ids")
+    drops_positions = trims and not takes_keyword(original, "position_ids")
+    # 4.38-5.3: a call continuing a cache of states (4.x Mamba's cache_params), whose slots stock refuses to
+    # make (they are not optional there): made from the mask, as for every other cache
+    fills_state_slots = mixes and plan.era == SLOTS and takes_keyword(original, "cache_position")
     # apply(unpad=True): None where its padded calls may run on their real tokens, else why they stay padded
     stays_padded = why_padded_here(adapter, plan)
     # explicit position_ids leave nothing to derive (4.38-5.3: unless a static cache's slots are missing)
@@ -171,6 +174,8 @@ def make_forward(adapter: Adapter, original: Callable, plan: Plan, pin: Pin) -> 
             return call_with_positions(self, family, original, kwargs, derived[0] if derived else laid)
         if eager:
             return _with_eager_mask(original, self, kwargs)
+        if fills_state_slots and kwargs.get("cache_position") is None:
+            _fill_state_slots(self, kwargs, plan.ids_rank)
         if mixes and not is_compiling():
             runs = call_runs(self, given, packed, derived, cache, kwargs, steps, trims)
             if runs is AS_STOCK:
@@ -185,6 +190,24 @@ def make_forward(adapter: Adapter, original: Callable, plan: Plan, pin: Pin) -> 
     forward.__hfpatch_adapter__ = arch  # type: ignore[attr-defined]
     forward.__hfpatch_packed__ = packed_support(adapter, plan)  # type: ignore[attr-defined]
     return forward
+
+
+def _fill_state_slots(model: Any, kwargs: dict, rank: int) -> None:
+    """``cache_position`` of a call continuing a cache of states without it (4.x Mamba's ``cache_params``,
+    which counts no tokens: the 2-D mask, past + new tokens, says how many it holds), counted as
+    generate() counts them: a fresh call's are its convolution's width (``config.conv_kernel``, what
+    the model makes for one; 4.x Mamba writes a continued token's window at its slot, clamped to the
+    width: a count below it puts it at the wrong end). As stock where the call has no such cache or mask,
+    or nothing is cached."""
+    state = next((kwargs[name] for name in STATE_NAMES if kwargs.get(name) is not None), None)
+    mask, tokens = kwargs.get("attention_mask"), call_inputs(kwargs, rank)
+    if state is None or caches.is_state(state) or mask.__class__ is not Tensor or tokens is None:
+        return
+    past = mask.shape[-1] - tokens.shape[1]
+    if mask.dim() == 2 and past > 0:
+        width = getattr(getattr(model, "config", None), "conv_kernel", 0)
+        past = max(past, width if isinstance(width, int) else 0)
+        kwargs["cache_position"] = cache_positions(tokens.shape[1], past, tokens.device)
 
 
 def _take_handed(kwargs: dict, given: dict) -> None:
@@ -254,6 +277,8 @@ def packed_support(adapter: Adapter, plan: Plan) -> str:
         return f"no: {SEQ2SEQ}"
     if plan.keeps_keys:
         return f"no: {KEEPS_KEYS}"
+    if plan.no_positions:
+        return f"no: {NO_POSITIONS}"
     if not family.attends and plan.mixers:
         return f"yes ({STATE_LAYERS})"
     masks = plan.masks
@@ -266,6 +291,7 @@ def packed_support(adapter: Adapter, plan: Plan) -> str:
 
 STATE_LAYERS = "its layers that carry a state run each sequence alone"
 KEEPS_KEYS = "its attention keeps its keys on itself (a window of its own): no mask by sequence reaches them"
+NO_POSITIONS = "neither it nor its task heads take position_ids here: no packed row's positions can be passed"
 SEQ2SEQ = (
     "a decoder (or encoder) of an encoder-decoder model: hfpatch keeps the packed rows of decoder-only models"
 )
@@ -391,7 +417,7 @@ def _with_eager_mask(original: Callable, model: Any, kwargs: dict) -> Any:
         CALL.eager_mask = False
 
 
-def _takes(function: Callable, name: str) -> bool:
+def takes_keyword(function: Callable, name: str) -> bool:
     """Whether ``function`` takes the keyword ``name`` (by name, or through ``**kwargs``)."""
     try:
         params = inspect.signature(function).parameters.values()

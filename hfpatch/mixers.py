@@ -333,10 +333,11 @@ def _with_state(result: Any, state: Any) -> Any:
 
 
 def _slots_of(slots: Tensor, group: Group) -> Tensor:
-    """A group's ``cache_position`` (4.x mixers read it): from 0 for sequences that start fresh, the call's
-    own (the cache's length on) for those that continue a row."""
-    longest = group.index.shape[1]
-    return torch.arange(longest, device=slots.device) if group.source is None else slots[:longest]
+    """A group's ``cache_position`` (4.x mixers read it): the call's own counted from 0 for sequences that
+    start fresh (as long as the call's: 4.x Mamba's layers take a fresh call's by its length, the
+    convolution's width, and every layer reads ``[0] == 0`` as fresh), the call's first slots (the cache's
+    length on) for those that continue a row."""
+    return slots - slots[:1] if group.source is None else slots[: group.index.shape[1]]
 
 
 def _stepped(original: Callable, module: Any, args: dict, longest: int) -> Any:

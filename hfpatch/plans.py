@@ -48,6 +48,8 @@ class Plan(NamedTuple):
     mixers: bool = False  # its module has layers that carry a state, run by sequence (hfpatch.mixers)
     steps: bool = False  # ... one token at a time in a cached call of several (``Adapter.steps``, here)
     keeps_keys: bool = False  # its attention keeps its keys on itself: its packed rows are not kept
+    # neither it nor a task head takes position_ids (4.42-4.47's RWKV): no packed row can be passed (build's)
+    no_positions: bool = False
 
 
 def read_plan(adapter: Adapter, forward: Callable, owner: Optional[type] = None) -> Plan:
