@@ -48,8 +48,8 @@ for _bin in sorted(Path.home().glob(".pyenv/versions/3.1[0-9].*/bin")):
 CORNERS = [
     ("3.10", "2.13.0", "5.20.2"),
     ("3.10", "2.14.1", "5.20.2"),
-    ("3.13", "2.13.0", "5.24.0"),
-    ("3.13", "2.15.0", "5.24.0"),
+    ("3.13", "2.13.0", "5.25.0"),
+    ("3.13", "2.15.0", "5.25.0"),
 ]
 # current releases, next to the newest transformers
 INTEGRATIONS = ["peft", "trl", "accelerate", "ray[default]", "deepspeed", "sentence-transformers"]

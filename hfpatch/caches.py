@@ -60,10 +60,23 @@ def past_length(cache: Any) -> int:
             return 0
         return int(cache[0][0].shape[-2])
     try:
-        return int(cache.get_seq_length())
+        return int(seen(cache))
     except ValueError:  # (5.24: a cache of state layers alone counts no tokens: hfpatch.mixers)
         held = _state_only(cache)
         return 1 if held is None else held  # (holding a state, of a length not known: not empty)
+
+
+def seen(cache: Any) -> Any:
+    """Tokens a growing ``Cache`` object holds, as transformers counted them up to 5.24: its first
+    attention layer's count where it has layers and its first is a state layer's (5.25 counts on that
+    one: a 0-d tensor, a host read for hfpatch; and 0 for RecurrentGemma's, whose layers keep their
+    states on themselves), else ``get_seq_length()``."""
+    layers = getattr(cache, "layers", None)
+    if layers and not attends(layers[0]):
+        counted = next((layer.get_seq_length() for layer in layers if attends(layer)), None)
+        if counted is not None:
+            return counted
+    return cache.get_seq_length()
 
 
 def growing_past(cache: Any) -> Optional[int]:
@@ -77,7 +90,7 @@ def growing_past(cache: Any) -> Optional[int]:
         grows = cache.__dict__[CAPACITY] == 0
     except (AttributeError, KeyError):
         return None
-    return int(cache.get_seq_length()) if grows else None
+    return int(seen(cache)) if grows else None
 
 
 def capacity(cache: Any) -> Optional[int]:
@@ -610,7 +623,7 @@ def state_length(cache: Any) -> Optional[int]:
     if uncounted(cache):
         return None
     try:
-        return int(cache.get_seq_length()) if not isinstance(cache, (tuple, list)) else past_length(cache)
+        return int(seen(cache)) if not isinstance(cache, (tuple, list)) else past_length(cache)
     except ValueError:  # (5.24: a cache of state layers alone)
         return _state_only(cache)
 

@@ -483,7 +483,7 @@ def fill_positions(model: Any, plan: Plan, kwargs: dict, cache: Any) -> Derived:
     if cache is None:
         past = 0
     elif cache.__class__ not in _SEQUENCES and not cache.__dict__.get(CAPACITY, 1):  # a growing cache
-        past = cache.get_seq_length()
+        past = caches.seen(cache)
     else:  # a legacy tuple, a static cache, a cache not read yet
         past = caches.growing_past(cache)
     if past is not None and mask_len == past + num_new:  # the usual mask: past + new tokens

@@ -146,17 +146,17 @@ def state_mixers(module: Any) -> list[type]:
     state from token to token through the cache it is given (a convolution's window, an SSM's, a gated
     delta rule's, a linear attention's: read or written in the class's code, or in a function of the module
     it calls, as 5.25's ``causal_conv1d_forward``): what :mod:`hfpatch.mixers` runs by sequence. And a
-    stateful model's layers (``_is_stateful``, its ``_no_split_modules``) handed the state itself as their
+    model's layers (its ``_no_split_modules``) handed the state itself as their
     ``state`` and returning it (RWKV's, xLSTM's: the model threads a list or tuple of tensors through
     them); and a layer that keeps its state on itself, made by its own ``_setup_cache`` (RecurrentGemma's
     recurrent block: :func:`held_states`)."""
     found: list[type] = []
     if module is None:
         return found
-    stateful = {
+    stateful = {  # (the model's layers; 5.24 marked the model ``_is_stateful``, 5.25 dropped the flag)
         name
         for value in vars(module).values()
-        if isinstance(value, type) and getattr(value, "_is_stateful", False)
+        if isinstance(value, type)
         for name in getattr(value, "_no_split_modules", None) or ()
     }
     functions = _module_functions(module)  # (by their source: a decorator may make one a module, 5.25's)

@@ -37,7 +37,7 @@ __all__ = [
     "wrong_with",
 ]
 
-NEWEST_TESTED = "5.24.0"  # the newest release of the compat matrix: the upper end of every range
+NEWEST_TESTED = "5.25.0"  # the newest release of the compat matrix: the upper end of every range
 
 TESTED = "tested"
 UNTESTED_NEWER = "untested newer"

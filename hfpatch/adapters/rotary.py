@@ -42,6 +42,11 @@ RECURRENT_GEMMA_4X = (
     "one call is fixed (its recurrence restarts where position_ids are 0), a padded prefix continued later "
     "is not, and packed rows are not kept; from 5.4 its recurrent blocks run each sequence alone"
 )
+RECURRENT_GEMMA_525 = (
+    "5.25 counts a cache's tokens on its first layer, a recurrent one whose state RecurrentGemma keeps on "
+    "itself (0): its attention mask takes a continued call's tokens as the first, wrong on stock with any "
+    "positions; use 5.24"
+)
 LINEAR_LAYERS = "no: its linear-attention layers carry their state from one packed sequence into the next"
 COMPRESSED_LAYERS = "no: its compressed attention layers take no mask by sequence"
 BY_LANGUAGE_MODEL = "yes: its language model keeps them (the multimodal model passes the positions on)"
@@ -75,6 +80,7 @@ ADAPTERS = (
     Adapter("diffllama", "DiffLlamaModel", ROTARY, "4.48"),
     Adapter("doge", "DogeModel", ROTARY, "5.18"),
     Adapter("dory", "DoryModel", ROTARY, "5.24"),
+    Adapter("ergo", "ErgoModel", ROTARY, "5.25"),
     Adapter("dots1", "Dots1Model", ROTARY, "4.53"),
     Adapter("dots3_note_text", "Dots3NoteTextModel", ROTARY, "5.23", package="dots3_note", aliases=("dots3_note",)),
     Adapter("emu3", "Emu3TextModel", ROTARY, "5.8"),
@@ -96,7 +102,7 @@ ADAPTERS = (
     Adapter("gemma4_unified", "Gemma4UnifiedModel", ROTARY, "5.10", limits=(COLUMN_WINDOW.format("the multimodal model's text model"),)),
     Adapter("glm", "GlmModel", ROTARY, "4.46"),
     Adapter("glm4", "Glm4Model", ROTARY, "4.51"),
-    Adapter("glm4_moe", "Glm4MoeModel", ROTARY, "4.54", aliases=("sarvam_moe",)),
+    Adapter("glm4_moe", "Glm4MoeModel", ROTARY, "4.54", aliases=("sarvam_moe", "param2moe"), alias_since=(("param2moe", "5.25"),)),
     Adapter("glm4_moe_lite", "Glm4MoeLiteModel", ROTARY, "5.15"),
     Adapter("glm_moe_dsa", "GlmMoeDsaModel", ROTARY, "5.11"),
     Adapter("gpt_neox", "GPTNeoXModel", ROTARY, "4.28"),
@@ -125,6 +131,8 @@ ADAPTERS = (
     Adapter("mellum", "MellumModel", ROTARY, "5.10"),
     Adapter("mimo_v2_flash", "MiMoV2FlashModel", ROTARY, "5.13"),
     Adapter("minicpm3", "MiniCPM3Model", ROTARY, "5.13"),
+    Adapter("minicpm5_moe", "MiniCPM5MoeModel", ROTARY, "5.25"),
+    Adapter("kolibri1_1", "Kolibri1_1Model", ROTARY, "5.25"),
     Adapter("minimax_m2", "MiniMaxM2Model", ROTARY, "5.0"),
     Adapter("minimax_m3_vl_text", "MiniMaxM3VLTextModel", ROTARY, "5.12", package="minimax_m3_vl"),
     Adapter("ministral", "MinistralModel", ROTARY, "4.57"),
@@ -141,7 +149,7 @@ ADAPTERS = (
     Adapter("olmo3", "Olmo3Model", ROTARY, "4.57"),
     Adapter("olmoe", "OlmoeModel", ROTARY, "4.45"),
     Adapter("persimmon", "PersimmonModel", ROTARY, "4.34"),
-    Adapter("recurrent_gemma", "RecurrentGemmaModel", ROTARY, "4.40", limits=(RECURRENT_GEMMA_4X,), steps=">=4.0"),  # its recurrent blocks: hfpatch.mixers (5.4+)
+    Adapter("recurrent_gemma", "RecurrentGemmaModel", ROTARY, "4.40", limits=(RECURRENT_GEMMA_4X,), steps=">=4.0", known_bad=((">=5.25", RECURRENT_GEMMA_525),)),  # its recurrent blocks: hfpatch.mixers (5.4+)
     Adapter("fuyu", "FuyuModel", ROTARY, "4.52", packed=BY_LANGUAGE_MODEL),  # multimodal: counts positions itself
     Adapter("phi", "PhiModel", ROTARY, "4.36"),
     Adapter("phi3", "Phi3Model", ROTARY, "4.41"),
