@@ -10,6 +10,9 @@
     nox -s integrations                     # peft, trl, accelerate, ray, deepspeed, sentence-transformers,
                                             # processes and launchers (CI runs it)
     nox -s wheel                            # the built wheel, installed as users install it (CI runs it)
+    nox -s newest                           # the registry's newest transformers (or NEWEST=X.Y.Z): the
+                                            # matrix on it with the whole suite, and what differs from
+                                            # the newest tested release (compat/newest.py)
     python compat/report.py                 # compat/evidence/ -> compat/REPORT.md
 
 Each matrix session makes (or, with -R, reuses) a virtualenv with torch and that release, installs
@@ -203,4 +206,27 @@ def wheel(session: nox.Session) -> None:
     (out / "test_plugin.py").write_text(PLUGIN_TEST)
     session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", str(out / "test_plugin.py"))
     shutil.rmtree(out, ignore_errors=True)
+    _free_disk(session)
+
+
+@nox.session(reuse_venv=False)
+def newest(session: nox.Session) -> None:
+    """A new transformers release the week it ships: the registry's newest (or ``NEWEST=X.Y.Z``) with
+    torch pinned, the matrix on it with the whole suite (compat/evidence/RELEASE.json), then what differs
+    from the newest tested release: new model types, changed probe verdicts, failures (compat/newest.py;
+    the steps to "tested": docs/compatibility.md)."""
+    release = os.environ.get("NEWEST")
+    if not release:
+        folder = Path(session.create_tmp()) / "newest"
+        session.run("python", "-m", "pip", "download", "-q", "--no-deps", "transformers", "-d", str(folder))
+        release = next(folder.glob("transformers-*.whl")).name.split("-")[1]
+    if release == NEWEST:
+        session.log(f"transformers {release} is the newest tested release already")
+        return
+    _install(session, release)
+    session.chdir(ROOT)
+    session.run(
+        "python", "compat/matrix.py", "run", release, env={"MATRIX_SAMPLE": release, "OMP_NUM_THREADS": "1"}
+    )
+    session.run("python", "compat/newest.py", "diff", release)
     _free_disk(session)

@@ -79,6 +79,28 @@ def seen(cache: Any) -> Any:
     return cache.get_seq_length()
 
 
+def recount_unwritten(cache: Any) -> None:
+    """5.25 reads a cache's count (the positions of a call without them, its attention mask's offset) on
+    its first layer: where that is a state layer the model never writes (RecurrentGemma keeps its states
+    on its own layers), it counts 0 and every continued call is taken as a first. Each such layer's
+    count set to what the attention layers hold (an int: no host read)."""
+    layers = getattr(cache, "layers", None)
+    if not layers or attends(layers[0]) or torch.compiler.is_compiling():
+        return
+    counted = seen(cache)
+    if not isinstance(counted, int):
+        return
+    for layer in layers:
+        count = getattr(layer, "cumulative_length_linear", None)
+        written = (
+            getattr(layer, flag, None) for flag in ("is_conv_states_initialized", "has_previous_state")
+        )
+        if isinstance(count, torch.Tensor) and not any(
+            any(f.values()) for f in written if isinstance(f, dict)
+        ):
+            count.fill_(counted)
+
+
 def growing_past(cache: Any) -> Optional[int]:
     """Tokens held by no cache (0), a legacy tuple or a growing cache (one :func:`capacity` has read:
     every call after the first); None for any other (a static cache, or one not read yet)."""

@@ -50,6 +50,7 @@ from .packed import NOT_KEPT, Packed, packed_rows, positions_from_lengths, warn_
 from .patches import Patch
 from .plans import NO_SLOTS, SLOTS, SLOTS_REMOVED, Plan
 from .positions import cache_positions, call_inputs, has_holes, new_token_positions
+from .sources import keeps_state
 from .unpad import PADDED, read_host, unpadding
 from .windows import MIXED, NO_4D_MASK, MaskPlan, apply_masks, configured_window, kept_on, packed_not_kept
 
@@ -93,9 +94,7 @@ def make_forward(adapter: Adapter, original: Callable, plan: Plan, pin: Pin) -> 
     # positions its task head handed on (CALL.handed) that a forward without attention does not take (4.x
     # Mamba's): they found the call's sequences, and go no further
     drops_positions = trims and not takes_keyword(original, "position_ids")
-    # 4.38-5.3: a call continuing a cache of states (4.x Mamba's cache_params), whose slots stock refuses to
-    # make (they are not optional there): made from the mask, as for every other cache
-    fills_state_slots = mixes and plan.era == SLOTS and takes_keyword(original, "cache_position")
+    prepare_states = _preparing_states(plan, original)  # a cache of states made right for the call
     # apply(unpad=True): None where its padded calls may run on their real tokens, else why they stay padded
     stays_padded = why_padded_here(adapter, plan)
     # explicit position_ids leave nothing to derive (4.38-5.3: unless a static cache's slots are missing)
@@ -138,6 +137,8 @@ def make_forward(adapter: Adapter, original: Callable, plan: Plan, pin: Pin) -> 
                     cache = _take_cache(plan, kwargs)
                 elif cache_kw in kwargs:
                     cache = kwargs[cache_kw]
+            if prepare_states is not None:
+                prepare_states(self, kwargs, cache, plan.ids_rank)
             if handed:  # positions (RWKV's: the mask) its task head drops: taken once, here
                 _take_handed(kwargs, given)
             if ("cu_seq_lens_q" in kwargs or "seq_idx" in kwargs) and PACKED[0]:  # sequences given by length
@@ -174,8 +175,6 @@ def make_forward(adapter: Adapter, original: Callable, plan: Plan, pin: Pin) -> 
             return call_with_positions(self, family, original, kwargs, derived[0] if derived else laid)
         if eager:
             return _with_eager_mask(original, self, kwargs)
-        if fills_state_slots and kwargs.get("cache_position") is None:
-            _fill_state_slots(self, kwargs, plan.ids_rank)
         if mixes and not is_compiling():
             runs = call_runs(self, given, packed, derived, cache, kwargs, steps, trims)
             if runs is AS_STOCK:
@@ -192,13 +191,30 @@ def make_forward(adapter: Adapter, original: Callable, plan: Plan, pin: Pin) -> 
     return forward
 
 
-def _fill_state_slots(model: Any, kwargs: dict, rank: int) -> None:
+def _preparing_states(plan: Plan, original: Callable) -> Optional[Callable]:
+    """What makes a cache of states right for a call of a model with state layers: 4.38-5.3's slots of
+    4.x Mamba's ``cache_params``, which stock refuses to make; 5.25's count of a cache whose first layer
+    the model never writes (RecurrentGemma's); None for any other."""
+    if plan.mixers and plan.era == SLOTS and takes_keyword(original, "cache_position"):
+        return _fill_state_slots
+    return _recount_unwritten if plan.mixers and plan.era == SLOTS_REMOVED else None
+
+
+def _recount_unwritten(model: Any, kwargs: dict, cache: Any, rank: int) -> None:
+    """5.25: a cache whose state layers the model never writes, counted (:func:`caches.recount_unwritten`)."""
+    if cache is not None and keeps_state(model):
+        caches.recount_unwritten(cache)
+
+
+def _fill_state_slots(model: Any, kwargs: dict, cache: Any, rank: int) -> None:
     """``cache_position`` of a call continuing a cache of states without it (4.x Mamba's ``cache_params``,
     which counts no tokens: the 2-D mask, past + new tokens, says how many it holds), counted as
     generate() counts them: a fresh call's are its convolution's width (``config.conv_kernel``, what
     the model makes for one; 4.x Mamba writes a continued token's window at its slot, clamped to the
     width: a count below it puts it at the wrong end). As stock where the call has no such cache or mask,
     or nothing is cached."""
+    if kwargs.get("cache_position") is not None:
+        return
     state = next((kwargs[name] for name in STATE_NAMES if kwargs.get(name) is not None), None)
     mask, tokens = kwargs.get("attention_mask"), call_inputs(kwargs, rank)
     if state is None or caches.is_state(state) or mask.__class__ is not Tensor or tokens is None:

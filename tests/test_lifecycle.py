@@ -16,6 +16,7 @@ import hfpatch
 from hfpatch import _context, engine
 from hfpatch.verification.tiny import tiny_model
 
+from conftest import arch_skip_reason
 from harness import SCRIPT_18104, TOLERANCE, WRONG, max_diff, random_rows, run_alone, run_padded
 
 pytestmark = pytest.mark.invariant("I7")  # compat/REPORT.md's column
@@ -256,3 +257,24 @@ print(before > 1e-3, after <= 1e-5)
 """
     )
     assert out.split() == ["True", "True"]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3_5_text"])
+def test_a_loaded_model_stays_patched_through_train_and_eval(arch, tmp_path):
+    """``from_pretrained`` (5.25: it kernelizes by default, and every ``train()`` / ``eval()`` kernelizes
+    again, dropping forwards set on instances): a right-padded cached prefix continued stays exact after
+    each mode switch, hfpatch's state layers included (Qwen3.5's Gated DeltaNet is a kernel-replaceable
+    class); wrong on stock."""
+    import transformers
+
+    if arch_skip_reason(arch):
+        pytest.skip(arch_skip_reason(arch))
+    tiny_model(arch, attention="eager").save_pretrained(tmp_path)
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager")
+    rows, chunks, left = [[5, 6, 7, 8, 9], [10, 11, 12]], [[3, 1], [2, 2]], [[False, False], [False, False]]
+    assert max_diff(model, rows, run_padded(model, rows, chunks, left)) <= TOLERANCE
+    model.train()
+    model.eval()
+    assert max_diff(model, rows, run_padded(model, rows, chunks, left)) <= TOLERANCE
+    with hfpatch.unpatched():
+        assert max_diff(model, rows, run_padded(model, rows, chunks, left)) > WRONG

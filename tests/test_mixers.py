@@ -8,6 +8,7 @@ continues. Stock is wrong in each (the test shows something)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import inspect
@@ -73,6 +74,10 @@ STOCK_RAISES = {
 }
 # a model that returns no cache (its layers keep their state): its caller passes one and keeps it
 RETURNS_NO_CACHE = {"recurrent_gemma"}
+# from a release on, stock continues no call of the model right, even unpadded (5.25 counts RecurrentGemma's
+# cache on a layer it never writes: 0, and its positions and attention mask restart): the pieces of
+# split_noise run patched there (each row alone, no pad: what hfpatch fixes is that count)
+MISCOUNTS = {"recurrent_gemma": "5.25"}
 
 
 def packed_kept(model) -> None:
@@ -276,7 +281,8 @@ def split_noise(model, rows, chunks) -> float:
         counts = [c[r] for c in chunks if c[r]]
         first = min(len(row), max(counts[0], 2))
         cache, taken, pieces = first_cache(model), 0, []
-        with stock(), torch.no_grad():
+        miscounts = model.config.model_type in MISCOUNTS and TF >= Version(MISCOUNTS[model.config.model_type])
+        with contextlib.nullcontext() if miscounts else stock(), torch.no_grad():
             for n in [first] + [1] * (len(row) - first):  # (no mask: every token real)
                 extra = {name: cache} if name is not None else {}
                 extra.update(stock_slots(model, first, taken, n))

@@ -42,11 +42,6 @@ RECURRENT_GEMMA_4X = (
     "one call is fixed (its recurrence restarts where position_ids are 0), a padded prefix continued later "
     "is not, and packed rows are not kept; from 5.4 its recurrent blocks run each sequence alone"
 )
-RECURRENT_GEMMA_525 = (
-    "5.25 counts a cache's tokens on its first layer, a recurrent one whose state RecurrentGemma keeps on "
-    "itself (0): its attention mask takes a continued call's tokens as the first, wrong on stock with any "
-    "positions; use 5.24"
-)
 LINEAR_LAYERS = "no: its linear-attention layers carry their state from one packed sequence into the next"
 COMPRESSED_LAYERS = "no: its compressed attention layers take no mask by sequence"
 BY_LANGUAGE_MODEL = "yes: its language model keeps them (the multimodal model passes the positions on)"
@@ -149,7 +144,7 @@ ADAPTERS = (
     Adapter("olmo3", "Olmo3Model", ROTARY, "4.57"),
     Adapter("olmoe", "OlmoeModel", ROTARY, "4.45"),
     Adapter("persimmon", "PersimmonModel", ROTARY, "4.34"),
-    Adapter("recurrent_gemma", "RecurrentGemmaModel", ROTARY, "4.40", limits=(RECURRENT_GEMMA_4X,), steps=">=4.0", known_bad=((">=5.25", RECURRENT_GEMMA_525),)),  # its recurrent blocks: hfpatch.mixers (5.4+)
+    Adapter("recurrent_gemma", "RecurrentGemmaModel", ROTARY, "4.40", limits=(RECURRENT_GEMMA_4X,), steps=">=4.0"),  # its recurrent blocks: hfpatch.mixers (5.4+)
     Adapter("fuyu", "FuyuModel", ROTARY, "4.52", packed=BY_LANGUAGE_MODEL),  # multimodal: counts positions itself
     Adapter("phi", "PhiModel", ROTARY, "4.36"),
     Adapter("phi3", "Phi3Model", ROTARY, "4.41"),
