@@ -117,6 +117,7 @@ def test_each_packed_sequence_gets_its_own_logits(arch, attention, layout):
     if kept_here(arch):
         logits, spans, _ = run_layout(model, layout)
         assert worst(model, logits, spans) <= TOLERANCE
+        assert type(logits) is torch.Tensor  # (not hfpatch's mask carrier: an attention may meet it itself)
         # (no mask and no cache: transformers' own packed rows, masking_utils' from 4.53, are exact there)
         if layout != "no mask, use_cache=False" or TF < Version("4.53"):
             with stock():
