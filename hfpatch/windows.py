@@ -349,7 +349,7 @@ def apply_masks(
             padded, slots, keys, *(size or (None, None)), positions=positions, segment_ids=segment_ids
         )
         masks[kind] = _as_model_takes(allowed, plan, attention, model.dtype)
-    if packed is not None and used.takes == DENSE and attention == "sdpa" and eager_mode:
+    if packed is not None and plan.by_layout and used.takes == DENSE and attention == "sdpa" and eager_mode:
         _by_sequence(masks, windows, packed)  # (the module's SDPA runs it by sequence where it carries it)
     kwargs["attention_mask"] = _handed(masks, named, types, plan, mask[:, -num_new:])
     return None
