@@ -1,7 +1,8 @@
 """A new transformers release, the week it ships: what it changes for hfpatch (``nox -s newest`` runs it).
 
     python compat/newest.py release          # the registry's newest transformers release
-    python compat/newest.py diff RELEASE     # RELEASE's evidence against the newest tested release's
+    python compat/newest.py diff RELEASE [AGAINST]   # RELEASE's evidence against AGAINST's (default:
+                                                     # the newest tested release's)
 
 ``nox -s newest`` installs the registry's newest release (or ``NEWEST=X.Y.Z``) with torch pinned, runs the
 matrix on it with the whole suite (``compat/matrix.py run``: the probe ``--outside-ranges``, the suite,
@@ -88,7 +89,7 @@ def mapped_types() -> set[str]:
 if __name__ == "__main__":
     if sys.argv[1:] == ["release"]:
         print(newest_release())
-    elif len(sys.argv) == 3 and sys.argv[1] == "diff":
-        print("\n".join(diff(sys.argv[2])))
+    elif len(sys.argv) in (3, 4) and sys.argv[1] == "diff":
+        print("\n".join(diff(*sys.argv[2:])))
     else:
-        sys.exit(f"usage: python {sys.argv[0]} release | diff RELEASE")
+        sys.exit(f"usage: python {sys.argv[0]} release | diff RELEASE [AGAINST]")

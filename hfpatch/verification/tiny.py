@@ -98,6 +98,11 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "audio_config": {"adapter_input_size": 64, "adapter_out_dim": 64},
     },
     "exaone4": _PAD_ID,
+    "kolibri1_1": {
+        "layer_types": ["indexed_attention", "sliding_attention"], "index_layers": [0], "index_num_heads": 2,
+        "index_topk": 8, "index_pool_size": 128, "index_compression": 2, "index_num_local_tokens": 2,
+        "index_num_sink_tokens": 1,
+    },
     "flint": {"layer_types": ["sliding_attention", "full_attention"]},
     "gemma3n_text": {
         "num_hidden_layers": 4, "layer_types": ["sliding_attention", "full_attention"] * 2,
