@@ -20,10 +20,11 @@ from .engine import (
     unpatched,
 )
 
-__version__ = "0.2.0"
+__version__ = "0.3.0.dev0"  # 0.2.0 and what CHANGELOG.md lists under Unreleased
 
 __all__ = [
     "AdapterStatus",
+    "CannotVerify",
     "Status",
     "ShadowMismatch",
     "__version__",
@@ -54,8 +55,8 @@ def __getattr__(name: str) -> Any:
     # hfpatch.positions and hfpatch.verification import torch: keep `import hfpatch` light until used
     if name in ("positions", "workers"):
         return importlib.import_module(f"hfpatch.{name}")
-    if name == "verify":
-        return importlib.import_module("hfpatch.verification").verify
+    if name in ("verify", "CannotVerify"):
+        return getattr(importlib.import_module("hfpatch.verification"), name)
     if name in ("audit", "shadow", "ShadowMismatch"):
         module = importlib.import_module(f"hfpatch.{'auditing' if name == 'audit' else 'shadowing'}")
         return getattr(module, name)

@@ -6,6 +6,7 @@ import argparse
 import os
 import platform
 import sys
+import warnings
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any, Optional
@@ -71,6 +72,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "hfpatch") -> int:
     auditor.add_argument("--json", metavar="PATH", help="also write the counts there (model type -> counts)")
     auditor.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS")
     args = parser.parse_args(argv)
+    warnings.formatwarning = _one_line  # (hfpatch's warnings on the command line: no file and line)
     if args.command == "doctor" or args.command is None:
         _quiet_transformers()
     if args.command == "run":
@@ -89,6 +91,18 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "hfpatch") -> int:
         precision = {"dtype": args.dtype, "autocast": args.autocast}
         return verify(args.targets, static=not args.no_static, prog=prog, **precision)
     return doctor()
+
+
+_FORMAT = warnings.formatwarning
+
+
+def _one_line(message: Any, category: type, filename: str, lineno: int, line: Optional[str] = None) -> str:
+    """An hfpatch warning as the command line shows it, ``hfpatch: the message``, without the file and
+    line of hfpatch's that raised it (or the call that did); any other as Python shows it."""
+    if os.path.dirname(os.path.abspath(__file__)) not in os.path.abspath(filename):
+        return _FORMAT(message, category, filename, lineno, line)
+    kind = "" if category is RuntimeWarning else f"{category.__name__}: "
+    return f"hfpatch: {kind}{message}\n"
 
 
 def _quiet_transformers() -> None:

@@ -247,6 +247,8 @@ def packed_answer(state: Any, how: str) -> str:
         why = (
             declared.removeprefix("no: ")
             if declared and declared.startswith("no")
+            else "not patched until its module is imported (hfpatch status TYPE imports it)"
+            if how == WAITING
             else f"not patched ({how})"
         )
         return f"no: {why}"
