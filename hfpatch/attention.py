@@ -166,18 +166,6 @@ def _additive(allowed: Tensor, dtype: torch.dtype) -> Tensor:
     return torch.where(allowed, zero, torch.finfo(dtype).min)
 
 
-# the ops a mask goes through on its way to a layer, whose results carry its rider on; any other op's
-# results are plain tensors (an attention that meets the mask itself hands back no Carrier)
-MASK_OPS = frozenset(
-    getattr(Tensor, name)
-    for name in (
-        "detach", "to", "__getitem__", "contiguous", "expand", "expand_as", "clone", "narrow", "view",
-        "reshape", "unsqueeze", "type", "type_as", "float", "bool", "cuda", "cpu", "requires_grad_",
-        "__deepcopy__", "__reduce_ex__",
-    )
-)  # fmt: skip
-
-
 class Carrier(Tensor):
     """A mask whose rider (a placeholder's layout, :func:`carrier`; a state layers' sequences,
     :data:`RUNS`) follows it through the tensor ops a mask may go through on its way to a layer: a
@@ -186,9 +174,6 @@ class Carrier(Tensor):
 
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if func not in MASK_OPS:  # (anything else gives plain tensors: SDPA called inline with it, a sum)
-            with torch._C.DisableTorchFunctionSubclass():
-                return func(*args, **(kwargs or {}))
         out = super().__torch_function__(func, types, args, kwargs or {})
         if isinstance(out, Carrier):
             for key in (LAYOUT, RUNS):

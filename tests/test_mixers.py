@@ -198,6 +198,7 @@ def test_each_packed_sequence_alone(arch, layout):
             run_layout(model, layout)
         pytest.skip(f"{type(model).__name__} takes no DynamicCache, on stock alike: {exc}")
     assert worst(model, logits, spans) <= TOLERANCE
+    assert type(logits) is torch.Tensor  # (not hfpatch's mask carrier)
     with stock():
         wrong, _, _ = run_layout(model, layout)
     assert worst(model, wrong, spans) > WRONG, "stock is right here: the test shows nothing"
