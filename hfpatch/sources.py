@@ -12,6 +12,7 @@ import inspect
 import re
 import sys
 import textwrap
+import threading
 from typing import Any, Optional
 
 __all__ = [
@@ -60,12 +61,24 @@ _STATE_ACCESS = re.compile(
 )
 
 
+# source is read and parsed under one lock: CPython 3.11's AST constructor keeps a recursion count that two
+# threads compiling at once corrupt (SystemError: "AST constructor recursion depth mismatch"), and a class's
+# first call in each of two threads reads its module's source (inspect.getsource parses it for a class)
+_PARSING = threading.RLock()
+
+
 def source_of(function: Any) -> Optional[str]:
     """The source of ``function`` (unwrapped: a decorated forward's own), or None where it has none."""
     try:
-        return inspect.getsource(inspect.unwrap(function))
+        with _PARSING:
+            return inspect.getsource(inspect.unwrap(function))
     except (OSError, TypeError, ValueError):
         return None
+
+
+def _parse(source: str) -> ast.Module:
+    with _PARSING:
+        return ast.parse(source)
 
 
 def forward_tree(function: Any) -> Optional[ast.AST]:
@@ -74,7 +87,7 @@ def forward_tree(function: Any) -> Optional[ast.AST]:
     if source is None:
         return None
     try:
-        return ast.parse(textwrap.dedent(source))
+        return _parse(textwrap.dedent(source))
     except SyntaxError:
         return None
 
@@ -124,7 +137,7 @@ def unreadable_with_mask_dict(source: str) -> bool:
     that block, a name only the block assigns: given the dict, it would raise (T5Gemma 2's decoder on
     5.4-5.14 defines a mask function there and uses it for the cross-attention mask)."""
     try:
-        forward = ast.parse(textwrap.dedent(source)).body[0]
+        forward = _parse(textwrap.dedent(source)).body[0]
     except SyntaxError:  # source this cannot read: assume the dict is taken, as the forward says
         return False
 
@@ -264,7 +277,7 @@ def _module_functions(module: Any) -> dict[str, str]:
     if source is None:
         return {}
     try:
-        tree = ast.parse(source)
+        tree = _parse(source)
     except SyntaxError:
         return {}
     return {
