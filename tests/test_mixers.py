@@ -142,6 +142,7 @@ def hybrid(arch: str, **sizes):
         pytest.skip(reason)
     if arch in STOCK_RAISES and TF < Version(STOCK_RAISES[arch][0]):
         pytest.skip(f"{arch} in transformers {TF}: {STOCK_RAISES[arch][1]}")
+    importlib.import_module(REGISTRY[arch].module)  # (patched on import: its status is its class's)
     said = hfpatch.status()[arch].packed
     if "keeps its keys" in said:  # (RecurrentGemma before 5.4: its layers too run as transformers runs them)
         pytest.skip(f"{arch} in transformers {TF}: {said}")
@@ -256,15 +257,12 @@ def test_padded_batches_split_into_cached_calls(arch, case):
         max_diff(model, rows, run_padded(model, rows, chunks, left, first_cache(model), None, slots))
         <= tolerance
     )
-    with stock():  # (4.x Mamba's too, given the slots its stock call demands: a caller's arange)
-        stock_slots_given = slots or (
-            "cache_params" in inspect.signature(model.forward).parameters and TF < Version("5.0")
-        )
+    # stock given the slots a 4.x caller passes (4.x Mamba's stock call demands them: a caller's arange)
+    given = "cache_position" in inspect.signature(model.forward).parameters and TF < Version("5.0")
+    with stock():
         try:
             wrong = max_diff(
-                model,
-                rows,
-                run_padded(model, rows, chunks, left, first_cache(model), None, stock_slots_given),
+                model, rows, run_padded(model, rows, chunks, left, first_cache(model), None, given)
             )
         except RuntimeError:  # (stock Mamba: the mask of past + new tokens meets a step of the new ones)
             wrong = float("inf")
@@ -471,10 +469,9 @@ def test_unpadded_call_and_its_cache(arch):
 def test_status_keeps_their_packed_rows():
     for kind, arch in KINDS.items():
         if arch_skip_reason(arch) is None:
-            __import__(REGISTRY[arch].module)
+            module = importlib.import_module(REGISTRY[arch].module)
             said = hfpatch.status()[arch].packed
             keys = "keeps its keys" in said and TF < Version("5.4")  # (RecurrentGemma's attention, 4.x)
-            module = importlib.import_module(REGISTRY[arch].module)
             takes = [
                 cls
                 for cls in vars(module).values()
