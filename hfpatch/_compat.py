@@ -42,6 +42,11 @@ STATE = "state"  # what RWKV takes and returns instead: its state itself (a list
 STATE_NAMES = ("cache_params", STATE)
 
 
+def passed(kwargs: dict, names: tuple[str, ...]) -> Any:
+    """The first of ``names`` a call's ``kwargs`` hold (not None): its cache, or its states; else None."""
+    return next((kwargs[name] for name in names if kwargs.get(name) is not None), None)
+
+
 def cache_name(model: Any) -> Optional[str]:
     """The cache argument of ``model``'s forward (a model, or a forward function): ``cache`` (5.24+),
     ``past_key_values``, a state's (:data:`STATE_NAMES`), or ``None`` for a model without a cache."""

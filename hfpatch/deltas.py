@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from . import caches
-from ._compat import CACHE_NAMES
+from ._compat import CACHE_NAMES, passed
 from ._context import Pin, patched_here
 from .patches import Patch
 from .positions import restarts, segments
@@ -130,7 +130,7 @@ def _call(kwargs: dict) -> Optional[_Call]:
     if not isinstance(tokens, Tensor) or tokens.dim() < 2:
         return None
     rows, new = tokens.shape[0], tokens.shape[1]
-    past = caches.past_length(next((kwargs[n] for n in CACHE_NAMES if kwargs.get(n) is not None), None))
+    past = caches.past_length(passed(kwargs, CACHE_NAMES))
     images = any(kwargs.get(name) is not None for name in VISION)
     mask = kwargs.get("attention_mask")
     if isinstance(mask, Tensor) and mask.dim() == 2 and mask.shape[0] == rows and mask.shape[1] >= new:

@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 
 from . import caches
-from ._compat import CACHE_NAMES, STATE_NAMES
+from ._compat import CACHE_NAMES, STATE_NAMES, passed
 from ._context import CALL, PACKED, UNPAD, Pin, count_unpadded, patched_here, warn_once
 from .caches import CAPACITY
 from .declarations import Adapter
@@ -215,7 +215,7 @@ def _fill_state_slots(model: Any, kwargs: dict, cache: Any, rank: int) -> None:
     or nothing is cached."""
     if kwargs.get("cache_position") is not None:
         return
-    state = next((kwargs[name] for name in STATE_NAMES if kwargs.get(name) is not None), None)
+    state = passed(kwargs, STATE_NAMES)
     mask, tokens = kwargs.get("attention_mask"), call_inputs(kwargs, rank)
     if state is None or caches.is_state(state) or mask.__class__ is not Tensor or tokens is None:
         return

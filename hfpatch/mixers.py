@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from . import caches
-from ._compat import STATE_NAMES
+from ._compat import STATE_NAMES, passed
 from ._context import CALL, warn_once
 from .attention import RUNS, Carrier, carried
 from .patches import Patch
@@ -502,7 +502,7 @@ def call_runs(
     to the state layers as it is, gets the mask of its new tokens (what transformers' own
     ``create_recurrent_attention_mask`` gives the state layers of every other model)."""
     if cache is None:  # (the states by another name: 4.x-5.23 Mamba's and xLSTM's cache_params, RWKV's state)
-        cache = next((kwargs[name] for name in STATE_NAMES if kwargs.get(name) is not None), None)
+        cache = passed(kwargs, STATE_NAMES)
     if model.training and not _carries_runs(model, trims) and _torch_checkpointed(model):
         warn_once(("state handed", type(model).__name__), TORCH_CHECKPOINTED.format(type(model).__name__), 4)
         return AS_STOCK

@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 
 from . import caches
+from ._compat import CACHE_NAMES, passed
 from ._context import CALL, PACKED, Pin, patched_here, warn_once
 from .attention import Sequences
 from .patches import ABSENT
@@ -92,9 +93,7 @@ def packed_rows(kwargs: dict, tokens: Optional[Tensor]) -> Optional[Packed]:
         mask.__class__ is not Tensor or mask.dim() != 2 or tuple(mask.shape) != (batch, num_new)
     ):
         return None  # a 4-D mask (the caller's), a mask past a cached prefix, a BlockMask
-    cache = next(
-        (kwargs[name] for name in ("cache", "past_key_values") if kwargs.get(name) is not None), None
-    )
+    cache = passed(kwargs, CACHE_NAMES)
     if cache is not None and (caches.capacity(cache) is not None or caches.past_length(cache)):
         return None  # continues a cache
     first = positions[0] if rows else positions  # (windows count the text or t row)
