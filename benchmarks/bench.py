@@ -75,7 +75,12 @@ def main() -> None:
         "Made by `python benchmarks/bench.py` (the method: docs/cost.md). Each section says the setup it",
         "ran on; its ratios are interleaved in one run and compare like with like.",
     ]
-    for heading, (text, measure) in sections().items():
+    made = sections()
+    for heading in _in_place(list(made), list(old)):
+        if heading not in made:  # a section another script writes (benchmarks/hybrids.py): kept as it is
+            lines += ["", heading, *old[heading]]
+            continue
+        text, measure = made[heading]
         wanted = args.only is None or any(word in heading.lower() for word in args.only)
         rows = measure() if wanted else []
         if rows:
@@ -87,6 +92,17 @@ def main() -> None:
     out = "\n".join(lines) + "\n"
     Path(args.out).write_text(out)
     print(out)
+
+
+def _in_place(ours: list[str], old: list[str]) -> list[str]:
+    """Our headings in their order, each heading of the earlier file that is not ours after the one it
+    followed there (at the top where it led)."""
+    order = list(ours)
+    for i, heading in enumerate(old):
+        if heading not in order:
+            before = next((h for h in reversed(old[:i]) if h in order), None)
+            order.insert(order.index(before) + 1 if before is not None else 0, heading)
+    return order
 
 
 def _sections_of(text: str) -> dict[str, list[str]]:

@@ -89,6 +89,7 @@ PER_RELEASE = [
     "tests/test_lifecycle.py",
     "tests/test_mixers.py",
     "tests/test_packed.py",
+    "tests/test_per_call_cost.py",
     "tests/test_precision.py",
     "tests/test_rope.py",
     "tests/test_seed_scenarios.py",

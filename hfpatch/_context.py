@@ -72,7 +72,7 @@ class Pin:
     is pinned and no thread has a ``patched()``/``unpatched()`` block open (then a call needs no look at
     its thread's choice: the check every eager call makes first)."""
 
-    __slots__ = ("arch", "_pinned", "fast", "awaiting")
+    __slots__ = ("arch", "_pinned", "fast", "awaiting", "late")
 
     def __init__(self, arch: str) -> None:
         self.arch = arch
@@ -81,6 +81,9 @@ class Pin:
         # a class outside transformers defined while apply() holds: what its first eager call runs (its
         # check on a tiny copy, then the pin), None once it has run
         self.awaiting: Optional[Callable[[], None]] = None
+        # what installs the adapter's rows only a packed call needs (hfpatch.attention's), at the first
+        # such call; None when it has none, or they are in
+        self.late: Optional[Callable[[], None]] = None
         _PINS.append(self)
 
     @property

@@ -42,6 +42,7 @@ __all__ = [
     "RUNS",
     "ByLayout",
     "Carrier",
+    "Group",
     "carried",
     "Sequences",
     "by_layout",
@@ -54,17 +55,27 @@ LAYOUT = "_hfpatch_layout"  # on a layer type's mask: its ByLayout
 RUNS = "_hfpatch_runs"  # on the 2-D mask of layers that carry a state: the call's sequences (hfpatch.mixers)
 
 
+class Group(NamedTuple):
+    """Sequences of similar length, batched: ``index`` ``[sequences, longest]`` (flat token numbers over
+    ``batch x length``; a short sequence padded with its own first token, which comes after its real ones
+    and so is never attended causally), ``valid`` (its real entries), and, for putting the outputs back
+    without a boolean index (a device sync), ``into`` (the row's flat token numbers of the real entries)
+    and ``taken`` (theirs in the group's flattened ``[sequences * longest]``)."""
+
+    index: Tensor
+    valid: Tensor
+    into: Tensor
+    taken: Tensor
+
+
 class Sequences(NamedTuple):
-    """A call's packed rows as their sequences: ``shape`` (batch, length) of the rows; per group of
-    sequences of similar length, ``index`` ``[sequences, longest]`` (flat token numbers over ``batch x
-    length``; a short sequence padded with its own first token, which comes after its real ones and so is
-    never attended causally) and ``valid`` (the real entries); ``positions`` ``[batch * length]``, each
-    token's position (windows are decided by it); ``real`` ``[batch, length]``, the 2-D mask (bool);
-    ``segment_ids`` ``[batch or 1, length]``, each token's sequence in its row
-    (:func:`hfpatch.positions.segments`)."""
+    """A call's packed rows as their sequences: ``shape`` (batch, length) of the rows; ``parts``, its
+    :class:`Group` s; ``positions`` ``[batch * length]``, each token's position (windows are decided by
+    it); ``real`` ``[batch, length]``, the 2-D mask (bool); ``segment_ids`` ``[batch or 1, length]``, each
+    token's sequence in its row (:func:`hfpatch.positions.segments`)."""
 
     shape: tuple[int, int]
-    parts: tuple[tuple[Tensor, Tensor], ...]
+    parts: tuple[Group, ...]
     positions: Tensor
     real: Tensor
     segment_ids: Tensor
@@ -140,23 +151,24 @@ def _by_sequence(
     kwargs = {**kwargs, "is_causal": plain} if kind == "sdpa" else kwargs  # (a model may pass False)
     flat = [t.transpose(1, 2).reshape(batch * length, t.shape[1], t.shape[3]) for t in (query, key, value)]
     out: Optional[Tensor] = None
-    for index, valid in seq.parts:
-        q, k, v = (t[index].transpose(1, 2) for t in flat)  # [sequences, heads, longest, dim]
-        part = None if plain else _part_mask(mask, index, valid, None if kind == "sdpa" else q.dtype)
+    for group in seq.parts:
+        q, k, v = (t[group.index].transpose(1, 2) for t in flat)  # [sequences, heads, longest, dim]
+        part = None if plain else _part_mask(mask, group, None if kind == "sdpa" else q.dtype)
         attended, _ = original(module, q, k, v, part, **kwargs)  # [sequences, longest, heads, dim]
         if out is None:  # in the attention's output dtype: autocast's, not the query's
             out = attended.new_zeros(batch * length, query.shape[1], value.shape[3])
-        out.index_copy_(0, index[valid], attended[valid])  # (in place: a copy a group would cost T x dim)
+        real = attended.reshape(-1, *attended.shape[2:]).index_select(0, group.taken)
+        out.index_copy_(0, group.into, real)  # (in place: a copy a group would cost T x dim)
     assert out is not None  # (a packed row has a sequence)
     return out.reshape(batch, length, *out.shape[1:]), None
 
 
-def _part_mask(mask: ByLayout, index: Tensor, valid: Tensor, dtype: Optional[torch.dtype]) -> Tensor:
+def _part_mask(mask: ByLayout, group: Group, dtype: Optional[torch.dtype]) -> Tensor:
     """A group's ``[sequences, 1, longest, longest]`` mask by the one rule, over its own tokens: causal,
     real, the layer's window or chunk by position (bool; additive float of ``dtype``)."""
-    slots = torch.arange(index.shape[1], device=index.device)
-    positions = mask.sequences.positions[index]
-    allowed = window_mask(valid, slots, slots, mask.window, mask.chunk, positions=positions)
+    slots = torch.arange(group.index.shape[1], device=group.index.device)
+    positions = mask.sequences.positions[group.index]
+    allowed = window_mask(group.valid, slots, slots, mask.window, mask.chunk, positions=positions)
     return allowed if dtype is None else _additive(allowed, dtype)
 
 
@@ -218,10 +230,10 @@ def module_rows(module: Any) -> list[Patch]:
     if mapping is not None and not getattr(mapping, "__hfpatch_by_layout__", False):
         local = _own_interface(mapping)
         if local is not None:
-            rows.append(Patch(namespace, MAPPING, mapping, local))
+            rows.append(Patch(namespace, MAPPING, mapping, local, late=True))
     eager = namespace.get(EAGER)
     if callable(eager) and not getattr(eager, "__hfpatch_by_layout__", False):
-        rows.append(Patch(namespace, EAGER, eager, by_layout(eager, "eager")))
+        rows.append(Patch(namespace, EAGER, eager, by_layout(eager, "eager"), late=True))
     return rows
 
 

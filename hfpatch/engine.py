@@ -435,7 +435,18 @@ def _install(state: AdapterState, module: Any) -> list[Patch]:
     state.class_differs = False
     state.installed = True
     state.skip_reason = None
+    if any(row.late for row in state.rows):
+        state.pin.late = functools.partial(_install_late, state)
     return _ledger.install(state.pin, state.rows)
+
+
+def _install_late(state: AdapterState) -> None:
+    """Install the rows of ``state``'s adapter that only a packed call needs (its module's attention
+    functions by sequence: until then a call pays nothing for them), at its first packed call."""
+    with _lock:
+        if state.installed and state.pin.late is not None:
+            _ledger.install(state.pin, state.rows, late=True)
+        state.pin.late = None
 
 
 # --- classes outside transformers (hfpatch.custom) ----------------------------------------------------
@@ -521,5 +532,6 @@ def _uninstall(state: AdapterState) -> None:
     """Undo ``state``'s rows (a row shared with another installed adapter stays; one someone replaced
     after us stays theirs)."""
     if state.installed:
+        state.pin.late = None
         _ledger.revert(state.pin, state.rows)
         state.installed = False

@@ -164,7 +164,7 @@ def make_forward(adapter: Adapter, original: Callable, plan: Plan, pin: Pin) -> 
                 and (family is None or from_mask)
             ):  # (one new token and no window, every generate() step: no packed row, no hole to look at)
                 if windowed or given_positions.__class__ is not Tensor or given_positions.shape[-1] > 1:
-                    packed = given_masks(self, adapter, plan, kwargs, cache)
+                    packed = given_masks(self, adapter, plan, kwargs, cache, pin)
         except (LeaveToStock, caches.MaskDoesNotFit) as exc:
             warn_left_to_stock(arch, str(exc))
             return original(self, **given)
@@ -332,7 +332,9 @@ def watched(
     return run_watched(model, adapter, named, patched_here(pin), plan.ids_rank, call)
 
 
-def given_masks(model: Any, adapter: Adapter, plan: Plan, kwargs: dict, cache: Any) -> Optional[Packed]:
+def given_masks(
+    model: Any, adapter: Adapter, plan: Plan, kwargs: dict, cache: Any, pin: Pin
+) -> Optional[Packed]:
     """A call with the caller's positions: a row whose positions restart is kept to the sequences it
     packs (:mod:`hfpatch.packed`; its layout returned: its 2-D mask, for a position module that reads it,
     its sequences, for the layers that carry a state); else, where the model has windows, they are
@@ -348,6 +350,8 @@ def given_masks(model: Any, adapter: Adapter, plan: Plan, kwargs: dict, cache: A
             mask = found.mask
             why = KEEPS_KEYS if plan.keeps_keys else _not_kept(model, adapter, masks, kwargs)
             if why is None:
+                if not torch.compiler.is_compiling() and pin.late is not None:
+                    pin.late()  # (the module's attention by sequence: in from its first packed call)
                 why = apply_masks(model, masks, plan.cache_kw, kwargs, cache, mask, mask.shape[1], 0, found)
                 if why is None:
                     return found

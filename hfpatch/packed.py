@@ -37,7 +37,7 @@ from torch import Tensor
 from . import caches
 from ._compat import CACHE_NAMES, passed
 from ._context import CALL, PACKED, Pin, patched_here, warn_once
-from .attention import Sequences
+from .attention import Group, Sequences
 from .patches import ABSENT
 from .positions import positions_in_segments, restarts, segments, segments_from_lengths
 from .sources import forward_tree, pools_by_pad_id, source_of
@@ -113,9 +113,7 @@ def packed_rows(kwargs: dict, tokens: Optional[Tensor]) -> Optional[Packed]:
 
 
 def _on_host(positions: Tensor, mask: Optional[Tensor]) -> tuple[Tensor, Optional[Tensor]]:
-    """The positions and the mask, read to the host in one copy."""
-    if positions.device.type == "cpu" and (mask is None or mask.device.type == "cpu"):
-        return positions, mask
+    """The positions and the mask, read to the host in one copy (on the CPU too: the same path)."""
     flat = positions.reshape(-1, positions.shape[-1]).long()
     both = torch.cat([flat, mask.long()]) if mask is not None else flat
     host = both.cpu()
@@ -290,8 +288,9 @@ def warn_not_kept(arch: str, why: str) -> None:
 
 def sequences(packed: Packed) -> Sequences:
     """The :class:`~hfpatch.attention.Sequences` of a packed batch: its real tokens grouped by sequence, in
-    groups of sequences of similar length, computed from what the host read (``packed.host``; where there
-    is none, the lengths are read here: eager code only)."""
+    groups of sequences of similar length, computed on the host from what it read (``packed.host``; where
+    there is none, from the device: eager code only). Every index a layer uses is made here, once a call,
+    and copied to the device without waiting: no layer reads the device."""
     mask = packed.mask
     batch, length = mask.shape
     real, segment_ids = packed.host if packed.host is not None else (mask != 0, packed.segment_ids)
@@ -304,14 +303,22 @@ def sequences(packed: Packed) -> Sequences:
     by_size: dict[int, list[int]] = {}
     for i, size in enumerate(sizes):  # groups of sizes within a factor of 2: little work on padding
         by_size.setdefault(1 << (size - 1).bit_length(), []).append(i)
-    parts = []
-    offsets = torch.arange(max(sizes))
+    groups = []
+    offsets = torch.arange(max(sizes), device=flat.device)
     for members in by_size.values():
-        chosen = torch.tensor(members)
-        own, first = counts[chosen].cpu(), starts[chosen].cpu()
+        chosen = torch.tensor(members, device=flat.device)
+        own, first = counts[chosen], starts[chosen]
         longest = max(sizes[i] for i in members)
         valid = offsets[None, :longest] < own[:, None]
-        index = flat.cpu()[first[:, None] + torch.where(valid, offsets[None, :longest], 0)]
-        parts.append((index.to(mask.device, non_blocking=True), valid.to(mask.device, non_blocking=True)))
+        # a short sequence padded with its own first token (after its real ones: never attended causally)
+        index = flat[first[:, None] + torch.where(valid, offsets[None, :longest], 0)]
+        # where each real entry comes from in the group's flattened batch, and where it goes in the row
+        total = sum(sizes[i] for i in members)
+        taken = torch.arange(total, device=flat.device) + torch.repeat_interleave(
+            torch.arange(len(members), device=flat.device) * longest - own.cumsum(0) + own, own,
+            output_size=total,
+        )  # fmt: skip
+        into = index.reshape(-1)[taken]
+        groups.append(Group(*(t.to(mask.device, non_blocking=True) for t in (index, valid, into, taken))))
     positions = packed.positions.expand(batch, length).reshape(-1)
-    return Sequences((batch, length), tuple(parts), positions, mask != 0, packed.segment_ids)
+    return Sequences((batch, length), tuple(groups), positions, mask != 0, packed.segment_ids)

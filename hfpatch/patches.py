@@ -1,10 +1,11 @@
 """Everything hfpatch replaces is one kind of record, a :class:`Patch`: a class, an attribute of its own,
 what it was, and what replaces it (a class's ``forward``, a companion's, a receiver's method, a rotary
 class's ``forward``, a descriptor, a cache layer's ``__init__``). An adapter's rows are built when its
-class is patched (:mod:`hfpatch.build`); the :class:`Ledger` installs them in one loop and reverts
-them in one loop that checks identity, counting the adapters that share a row (a rotary class of their
-module, the cache layer): a row is undone with its last user. As in wrapt's ``patches.py``, attributes
-are read from the class's own ``__dict__``, so nothing is bound or inherited by mistake."""
+class is patched (:mod:`hfpatch.build`); the :class:`Ledger` installs them in one loop (a ``late`` row,
+one only a packed call needs, at the first such call) and reverts them in one loop that checks
+identity, counting the adapters that share a row (a rotary class of their module, the cache layer): a
+row is undone with its last user. As in wrapt's ``patches.py``, attributes are read from the class's own
+``__dict__``, so nothing is bound or inherited by mistake."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ class Patch(NamedTuple):
     original: Any  # the class's own value before (``ABSENT``: none of its own)
     replacement: Any
     users: Optional[Users] = None  # who shares it, for a replacement that reads that (rotary classes)
+    late: bool = False  # installed at the first call that needs it, not with the others
 
     @property
     def key(self) -> tuple[Any, str]:
@@ -87,11 +89,14 @@ class Ledger:
             )
         return tuple(found)
 
-    def install(self, pin: Pin, rows: tuple[Patch, ...]) -> list[Patch]:
-        """Install ``rows`` for the adapter of ``pin``; a row another adapter installed is shared. Returns
-        the rows set on their classes now."""
+    def install(self, pin: Pin, rows: tuple[Patch, ...], late: bool = False) -> list[Patch]:
+        """Install ``rows`` for the adapter of ``pin`` (its ``late`` rows alone with ``late=True``, else
+        the others); a row another adapter installed is shared. Returns the rows set on their classes
+        now."""
         done = []
         for row in rows:
+            if row.late is not late:
+                continue
             installed = self._rows.get(row.key)
             if installed is not None:
                 kept, users = installed

@@ -84,7 +84,7 @@ def _why_padded(model: Any, kwargs: dict, masks: Any, cache_kw: Optional[str], h
     it) keeps the padded path, or None: it may run on its real tokens."""
     if not PACKED[0]:
         return "packed rows left to stock"
-    if int(host.real.sum()) > WORTH * host.real.numel():
+    if host.index.numel() > WORTH * host.real.numel():
         return f"too few pads to pay (under {1 - WORTH:.0%} of the slots)"
     if kwargs.get("input_ids") is None:
         return "inputs given by embeddings"
@@ -131,9 +131,11 @@ def _asked(kwargs: dict, config: Any, name: str) -> bool:
 class Host(NamedTuple):
     """What a call's one host read gave (:func:`read_host`): ``real`` ``[batch, length]`` bool (the mask),
     and where the call has them, ``targets`` (a token-level target there), ``foreign`` (an id that is not
-    the pad id) and ``positions`` (the caller's)."""
+    the pad id) and ``positions`` (the caller's); ``index``, the real tokens' flat numbers over ``batch x
+    length``."""
 
     real: Tensor
+    index: Tensor
     targets: Optional[Tensor] = None
     foreign: Optional[Tensor] = None
     positions: Optional[Tensor] = None
@@ -160,7 +162,8 @@ def read_host(kwargs: dict, targets: Any = None, pad_id: Any = None) -> Optional
     if host is None:
         return None
     read = {name: host[i + 1] if name == "positions" else host[i + 1] != 0 for i, name in enumerate(names)}
-    return Host(host[0] != 0, **read)
+    real = host[0] != 0
+    return Host(real, real.reshape(-1).nonzero().squeeze(1), **read)
 
 
 def laid_out(kwargs: dict, host: Host) -> Optional[tuple[dict, Layout, Packed]]:
@@ -170,9 +173,9 @@ def laid_out(kwargs: dict, host: Host) -> Optional[tuple[dict, Layout, Packed]]:
     packed row could not tell them apart)."""
     mask, ids = kwargs["attention_mask"], kwargs["input_ids"]
     batch, length = ids.shape
-    index_host = host.real.reshape(-1).nonzero().squeeze(1)
+    index_host = host.index
     rows_host = torch.div(index_host, length, rounding_mode="floor")
-    layout = Layout(index_host.to(ids.device, non_blocking=True), rows_host.to(ids.device), batch, length)
+    layout = Layout(*(t.to(ids.device, non_blocking=True) for t in (index_host, rows_host)), batch, length)
     if host.positions is None:
         positions = layout.gather(positions_from_mask(mask))
     else:
@@ -377,7 +380,7 @@ def _head_unpadded(
     packed, layout, laid = found
     if isinstance(targets, Tensor):
         own = layout.gather(targets[..., None])[..., 0]  # [1, real tokens]
-        last = host.real.reshape(-1).nonzero()[-1, 0]
+        last = host.index[-1]
         tail = host.targets is not None and bool(host.targets.reshape(-1)[last])
         if tail:  # one more token, a sequence of its own, whose label is the last real token's target
             packed["input_ids"] = torch.nn.functional.pad(packed["input_ids"], (0, 1))

@@ -176,9 +176,10 @@ def test_flex_attention_gets_its_block_mask_from_the_layout(window):
 def test_the_attention_functions_are_the_modules_own():
     """The by-sequence SDPA reaches a patched module through an attention interface of its own: transformers'
     process-wide registry keeps its functions (a model hfpatch does not patch never meets hfpatch's), the
-    module's interface is its own while applied and transformers' again after ``revert()``, and a function a
-    program sets on transformers' interface after ``apply()`` reaches the patched module's calls as it
-    would without hfpatch (every entry is read at each call)."""
+    module's interface is transformers' until its first packed call (a process that packs nothing pays
+    nothing for it), its own from then while applied, and transformers' again after ``revert()``; a
+    function a program sets on transformers' interface after ``apply()`` reaches the patched module's calls
+    as it would without hfpatch (every entry is read at each call)."""
     if TF < Version("4.48"):
         pytest.skip(f"no attention functions before 4.48 (installed {TF})")
     import importlib
@@ -192,7 +193,9 @@ def test_the_attention_functions_are_the_modules_own():
     assert module.ALL_ATTENTION_FUNCTIONS is registry
     hfpatch.apply()
     model = model_of("llama", "sdpa")  # (imports and patches the module)
-    assert module.ALL_ATTENTION_FUNCTIONS is not registry and registry["sdpa"] is before
+    with torch.no_grad():
+        model(input_ids=torch.tensor([[5, 6, 7]]))
+    assert module.ALL_ATTENTION_FUNCTIONS is registry  # (no packed call yet)
     calls = []
 
     def spy(*args, **kwargs):
@@ -211,6 +214,7 @@ def test_the_attention_functions_are_the_modules_own():
             assert calls and "Carrier" not in calls, calls
             calls.clear()
             packed = model(**kwargs).logits  # a packed row: by sequence over the spy
+            assert module.ALL_ATTENTION_FUNCTIONS is not registry and registry["sdpa"] is spy
     finally:
         registry["sdpa"] = before
     assert calls and "Carrier" not in calls, calls  # (each group's own mask, never the carrier)
