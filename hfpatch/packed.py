@@ -107,7 +107,7 @@ def packed_rows(kwargs: dict, tokens: Optional[Tensor]) -> Optional[Packed]:
     host_segments = segments(host_positions, host_mask)
     if mask is None:
         mask = torch.ones(batch, num_new, dtype=torch.bool, device=tokens.device)
-    real = host_mask != 0 if host_mask is not None else torch.ones(batch, num_new, dtype=torch.bool)
+    real = host_positions.new_ones(batch, num_new, dtype=torch.bool) if host_mask is None else host_mask != 0
     segment_ids = host_segments.to(tokens.device, non_blocking=True)
     return Packed(mask, first, segment_ids, (real, host_segments))
 

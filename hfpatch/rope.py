@@ -217,7 +217,7 @@ def _dynamic(
     longest sequence's length; in eager mode, a row whose sequences differ in scaling gets one call per
     length past the original context besides its short one, each token taking its sequence's."""
     name = f"{prefix}inv_freq"
-    eager = not torch.compiler.is_compiling()
+    eager = not torch.compiler.is_compiling() and lengths.shape[-1] > 1  # (one token: one sequence a row)
     locked = _lock()
     try:
         pieces = []
@@ -286,7 +286,7 @@ def _sequence_lengths(position_ids: torch.Tensor) -> torch.Tensor:
     positions = position_ids
     while positions.dim() > 2:
         positions = positions.amax(0)
-    if not PACKED[0]:
+    if not PACKED[0] or positions.shape[-1] == 1:  # (one token a row, a decode step: nothing restarts)
         return (positions.amax(-1, keepdim=True) + 1).expand_as(positions)
     ids = segments(position_ids)  # [batch, new], from 0
     largest = torch.full_like(positions, -1).scatter_reduce(-1, ids, positions, "amax")
