@@ -40,7 +40,7 @@ ADAPTERS = (
     Adapter("qwen3_5_text", "Qwen3_5TextModel", ROTARY, "5.2", package="qwen3_5", aliases=("qwen3_5",), alias_since=(("qwen3_5", "5.8"),), steps="<5.7"),
     Adapter("qwen3_5_moe_text", "Qwen3_5MoeTextModel", ROTARY, "5.2", package="qwen3_5_moe", aliases=("qwen3_5_moe",), alias_since=(("qwen3_5_moe", "5.8"),), steps="<5.7"),
     Adapter("qwen3_next", "Qwen3NextModel", ROTARY, "4.57", steps="<5.7"),
-    Adapter("rwkv", "RwkvModel", STATE, "4.42"),
+    Adapter("rwkv", "RwkvModel", STATE, "4.30"),
     Adapter("xlstm", "xLSTMModel", STATE, "4.54"),
     Adapter("qwen4_exp_text", "Qwen4ExpTextModel", ROTARY, "5.16", package="qwen4_exp", aliases=("qwen4_exp",)),
     Adapter("zamba", "ZambaModel", ROTARY, "4.46", steps=ALL),
