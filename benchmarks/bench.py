@@ -18,6 +18,7 @@ import torch
 import hfpatch
 
 import decode
+import depth
 import imports
 import packed
 import scale
@@ -25,10 +26,11 @@ import scoring
 import watchers
 from harness import ROOT, Sections
 
-QUESTIONS = (decode, scoring, packed, scale, watchers, imports)  # each file: one question, its SECTIONS
+QUESTIONS = (decode, depth, scoring, packed, scale, watchers, imports)  # each file: one question, its SECTIONS
 ORDER = (  # the sections of RESULTS.md, in the order they stand there
     "## Eager forward on a padded batch: derived positions vs positions passed by hand",
     "## hfpatch's own Python work on an eager decode step, by profile",
+    "## What a call costs against the model's depth: host reads and a decode step's Python frames",
     "## Scoring many padded rows: batched with hfpatch vs one row at a time on stock",
     "## Eager decode step: derived positions vs positions passed by hand",
     "## Encoder-decoder decode step: hfpatch vs stock",

@@ -10,12 +10,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
-import inspect
 from collections.abc import Iterator
 from typing import Any, Optional
 
 import pytest
 import torch
+from costs import make_dynamic_cache  # noqa: F401 (the tests' import of it)
 from hypothesis import HealthCheck, settings
 from probes import Probe
 
@@ -191,14 +191,6 @@ def cache_object_skip_reason(model: Any, kind: str) -> str | None:
 
 def static_cache_skip_reason(model: Any) -> str | None:
     return cache_object_skip_reason(model, "static")
-
-
-def make_dynamic_cache(model: Any) -> Any:
-    import transformers
-
-    if "config" in inspect.signature(transformers.DynamicCache.__init__).parameters:
-        return transformers.DynamicCache(config=model.config)
-    return transformers.DynamicCache()
 
 
 @pytest.fixture(autouse=True)
