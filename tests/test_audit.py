@@ -17,7 +17,7 @@ from packaging.version import Version
 
 import hfpatch
 from hfpatch.positions import positions_from_mask, stock_error
-from hfpatch.support import NEWEST_TESTED
+from hfpatch.support import NEWEST_TESTED, in_range
 from hfpatch.windows import positional
 
 from conftest import REGISTRY, TF, arch_skip_reason, static_cache_skip_reason
@@ -161,6 +161,13 @@ def test_the_rule_matches_every_token_of_random_padded_cached_calls(arch, given)
         pytest.skip(f"{arch}'s window on transformers {TF} is its own (the audit does not judge it)")
     relative = adapter.family.name == "rotary"
     windows = [window] * model.config.num_hidden_layers if window else []
+    # 4.36-4.37's SDPA mask of a padded cached prefix continued by several tokens is wrong whatever the
+    # positions (Adapter.eager_mask): the audit does not judge those calls, and neither does this test
+    own_mask = (
+        adapter.eager_mask is not None
+        and in_range(adapter.eager_mask[0], TF)
+        and model.config._attn_implementation == "sdpa"
+    )
     generator = torch.Generator().manual_seed(7)
     checked = wrong_seen = 0
     with hfpatch.unpatched(), torch.no_grad():
@@ -183,6 +190,8 @@ def test_the_rule_matches_every_token_of_random_padded_cached_calls(arch, given)
                 column = torch.full((1, new.shape[1]), not by_mask)
                 numbered = column if numbered is None else torch.cat([numbered, column], 1)
                 truth_ = wrong_tokens(model, ids, mask, new.shape[1], out.logits)
+                if own_mask and 1 < new.shape[1] < mask.shape[1] and bool((mask == 0).any()):
+                    continue  # (not judged: see above)
                 predicted = (
                     stock_error(mask, new.shape[1], relative, windows, numbered if given else None) > 0
                 )
