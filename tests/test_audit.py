@@ -110,10 +110,12 @@ def test_audit_leaves_results_stock_and_counts_what_each_row_alone_says(tmp_path
         assert torch.equal(before["logits"], after["logits"])  # the same bits
     counted = json.loads(report.read_text())
     expected = truth(stock, {arch: audit_script.build(arch) for arch in dict(audit_script.CHAINS)})
-    for arch, entry in counted.items():  # stock wrong beyond positions (4.36-4.37's SDPA mask): not judged
+    for arch, entry in counted.items():  # stock wrong by a rule of the release's own: not judged
         if entry["not_judged"]:
-            assert set(entry["not_judged"]) == {
-                "this release's SDPA mask of a padded cached prefix continued by several tokens"
+            assert set(entry["not_judged"]) <= {
+                "this release's SDPA mask of a padded cached prefix continued by several tokens",  # 4.36-4.37
+                "a packed row with a window by this release's own rule",  # (Mistral's, before masking_utils)
+                "a sliding window by this release's own rule",
             }, entry
             expected.pop(arch)
     assert {arch: {name: counted[arch][name] for name in COUNTED} for arch in expected} == expected
