@@ -424,7 +424,7 @@ def test_generate_with_left_padded_decoder_prompts(name, cache):
     try:
         with stock():
             on_stock = worst()
-    except (KeyError, ValueError) as exc:  # (4.52-4.54: static caches of some encoder-decoders, on stock)
+    except (KeyError, TypeError, ValueError) as exc:  # (on stock: 4.43's Whisper, 4.52-4.54's others)
         with pytest.raises(type(exc)):
             worst()
         pytest.skip(f"{name}: generate() with a {cache} cache raises on stock {TF} too: {exc!r:.120}")
