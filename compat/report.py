@@ -637,6 +637,11 @@ def _one_commit(summary: dict) -> list[str]:
         )
         lines = [f"**NOT AT ONE COMMIT: {late} of {len(measured)} releases are not at `{main}` alone: "
                  f"{groups}.**"]  # fmt: skip
+        every = sorted({commit for commits in [[main], *stragglers] for commit in commits})
+        behind = _runtime_commits_behind(every)
+        if behind and not any(behind.values()):  # (what differs between them is tests and documents)
+            lines += ["", f"No commit between these {len(every)} changes `hfpatch/`: every release ran the "
+                      "same runtime code; they differ in tests and documents."]  # fmt: skip
     sample = [r for r, e in summary.items() if e["run"].get("ran") == "whole suite"]
     per_release = [r for r, e in summary.items() if e["run"].get("ran") == "per release"]
     once = ", ".join(f"`{path}`" for path in ONCE)
