@@ -26,7 +26,8 @@ import scoring
 import watchers
 from harness import ROOT, Sections
 
-QUESTIONS = (decode, depth, scoring, packed, scale, watchers, imports)  # each file: one question, its SECTIONS
+# each file: one question, its SECTIONS
+QUESTIONS = (decode, depth, scoring, packed, scale, watchers, imports)
 ORDER = (  # the sections of RESULTS.md, in the order they stand there
     "## Eager forward on a padded batch: derived positions vs positions passed by hand",
     "## hfpatch's own Python work on an eager decode step, by profile",

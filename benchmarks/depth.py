@@ -17,6 +17,7 @@ DEPTHS = (2, 8, 16, 32)
 
 def counted() -> list[str]:
     import hfpatch
+
     frames, reads, packed_call, padded_call = costs.frames, costs.reads, costs.packed_call, costs.padded_call
 
     rows = []

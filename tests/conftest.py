@@ -15,7 +15,6 @@ from typing import Any, Optional
 
 import pytest
 import torch
-from costs import make_dynamic_cache  # noqa: F401 (the tests' import of it)
 from hypothesis import HealthCheck, settings
 from probes import Probe
 
@@ -27,6 +26,7 @@ from hfpatch.plans import Plan, read_plan
 from hfpatch.support import installed_transformers, release_has, support
 from hfpatch.verification.tiny import tiny_model
 
+from costs import make_dynamic_cache  # noqa: F401 (the tests' import of it)
 from harness import cache_kwarg, static_cache
 
 settings.register_profile(

@@ -5,12 +5,12 @@ against stock at the same depths."""
 from __future__ import annotations
 
 import pytest
-from costs import frames, gpt2, llama, packed_call, padded_call, reads
 from packaging.version import Version
 
 import hfpatch
 
 from conftest import TF, reverted
+from costs import frames, gpt2, llama, packed_call, padded_call, reads
 
 
 def stock_reads(model, kwargs: dict):
