@@ -21,7 +21,9 @@ The rows of an adapter, in order:
    which runs a call's sequences alone where its context says;
 8. where the hand-off runs inside a layer (or a state layer reads the call's sequences), the checkpoint
    function of the module's checkpointing classes, which carries the call's context into a layer's
-   recomputation (:mod:`hfpatch._context`).
+   recomputation (:mod:`hfpatch._context`);
+9. where a causal LM head's ``prepare_inputs_for_generation`` drops ``generate()``'s mask, one that
+   hands it on (:func:`hfpatch.forward.handing_generated_masks`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from .declarations import Adapter
 from .decoders import HANDS_TO, receiver
 from .deltas import delta_rows
 from .forward import (
+    handing_generated_masks,
     make_forward,
     packed_support,
     recording_generated_masks,
@@ -126,6 +129,7 @@ def build(adapter: Adapter, module: Any, pin: Pin) -> tuple[Patch, ...]:
             )
         if replacement is not head.forward:  # (on the head's class itself, where it inherits its forward)
             rows.append(Patch(head.cls, "forward", head.own, replacement))
+    rows.extend(handing_generated_masks(heads, pin))  # (a generate() that drops the mask: hands it on)
     if mixes or (hands_to is not None and HANDS_TO[hands_to].inside_layers):
         for cls in _checkpointing_classes(module, owner):
             before = cls.__dict__.get(CHECKPOINT_FUNCTION, ABSENT)

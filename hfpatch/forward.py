@@ -29,6 +29,7 @@ only: on an accelerator, reading a value waits for the device.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import functools
 import inspect
@@ -47,15 +48,17 @@ from .decoders import call_with_positions
 from .mixers import AS_STOCK, Runs, call_runs, with_runs
 from .observers import WATCHERS, run_watched
 from .packed import NOT_KEPT, Packed, packed_rows, positions_from_lengths, warn_not_kept
-from .patches import Patch
+from .patches import ABSENT, Patch
 from .plans import NO_SLOTS, SLOTS, SLOTS_REMOVED, Plan
 from .positions import cache_positions, call_inputs, has_holes, new_token_positions
-from .sources import keeps_state
-from .unpad import PADDED, read_host, unpadding
+from .sources import forward_tree, keeps_state
+from .unpad import PADDED, causal_lm_head, read_host, unpadding
 from .windows import MIXED, NO_4D_MASK, MaskPlan, apply_masks, configured_window, kept_on, packed_not_kept
 
 __all__ = [
     "LeaveToStock",
+    "drops_the_mask",
+    "handing_generated_masks",
     "make_forward",
     "recording_generated_masks",
     "warn_left_to_stock",
@@ -660,6 +663,70 @@ def recording_generated_masks() -> Optional[Patch]:
         return inputs
 
     return Patch(GenerationMixin, "prepare_inputs_for_generation", prepare, prepare_inputs_for_generation)
+
+
+def handing_generated_masks(heads: Any, pin: Pin) -> list[Patch]:
+    """Rows for the causal LM heads of a patched module whose ``prepare_inputs_for_generation`` (their
+    own, a module class's they inherit, or ``GenerationMixin``'s) drops ``generate()``'s mask: 4.x's RWKV,
+    CTRL and OpenAI GPT, and every model that kept the mixin's own before 4.46. Their forward then never
+    sees the pads of a left-padded batch (stock: its rows other tokens than alone); the row hands the mask
+    on, so that it gets what a forward call with the mask gets. One row on the class that defines the
+    method in the module (or on the head, over the mixin's), where the head's forward takes a mask."""
+    rows: dict[type, Patch] = {}
+    for head in heads:
+        if "attention_mask" not in inspect.signature(head.forward).parameters or not causal_lm_head(head.cls):
+            continue
+        owner = next((c for c in head.cls.__mro__ if "prepare_inputs_for_generation" in c.__dict__), None)
+        prepare = owner.__dict__["prepare_inputs_for_generation"] if owner is not None else None
+        if prepare is None or owner in rows or not drops_the_mask(prepare):
+            continue
+        own = owner.__module__ == head.cls.__module__
+        where = owner if own else head.cls
+        rows[where] = Patch(
+            where,
+            "prepare_inputs_for_generation",
+            prepare if own else ABSENT,
+            _handing_the_mask_on(prepare, pin),
+        )
+    return list(rows.values())
+
+
+def drops_the_mask(prepare: Callable) -> bool:
+    """Whether ``prepare`` cannot return ``generate()``'s mask: its code names no ``attention_mask`` and
+    never reads its ``**kwargs`` (where its code cannot be read: False, left as it is)."""
+    tree = forward_tree(prepare)
+    if tree is None:
+        return False
+    function = next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)), None)
+    if function is None:
+        return False
+    var = function.args.kwarg.arg if function.args.kwarg is not None else None
+    for node in ast.walk(function):
+        if isinstance(node, ast.Name) and node.id in ("attention_mask", var):
+            return False
+        if isinstance(node, ast.Constant) and node.value == "attention_mask":
+            return False
+        if isinstance(node, ast.arg) and node.arg == "attention_mask":
+            return False
+    return True
+
+
+def _handing_the_mask_on(prepare: Callable, pin: Pin) -> Callable:
+    @functools.wraps(prepare)
+    def prepare_inputs_for_generation(self: Any, *args: Any, **kwargs: Any) -> Any:
+        inputs = prepare(self, *args, **kwargs)
+        mask = kwargs.get("attention_mask")
+        if (
+            isinstance(mask, Tensor)
+            and mask.dim() == 2
+            and isinstance(inputs, dict)
+            and inputs.get("attention_mask") is None
+            and patched_here(pin)
+        ):
+            inputs["attention_mask"] = mask
+        return inputs
+
+    return prepare_inputs_for_generation
 
 
 def _checked_length(mask: torch.Tensor, tokens: torch.Tensor) -> int:

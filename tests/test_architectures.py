@@ -25,7 +25,7 @@ from compat.vocabulary import (
 from hfpatch.support import NEWEST_TESTED
 from hfpatch.verification.tiny import tiny_model, tiny_seq2seq
 
-from conftest import REGISTRY, SEQ2SEQ_MODEL_TYPES, TF, require_covered
+from conftest import REGISTRY, SEQ2SEQ_MODEL_TYPES, TF, arch_skip_reason, require_covered
 from harness import WRONG, tolerance_of
 
 # the model types that run a patched class: each adapter's own and its aliases (exaone runs LlamaModel),
@@ -148,6 +148,47 @@ def test_packed_rows_covered_architecture(name, model_type, attention, probe):
     )  # fmt: skip
     probe.found(kind, on_stock, patched)
     assert kind in (EXACT, NOT_KEPT), f"packed rows of {model_type}: {kind} ({said}; stock {on_stock:.2g})"
+
+
+# model types whose causal LM's prepare_inputs_for_generation drops generate()'s mask before 4.57 (their
+# forward then never sees a left-padded batch's pads)
+DROPS_THE_MASK = [
+    pytest.param(t, marks=() if t == "ctrl" else pytest.mark.slow) for t in ("ctrl", "openai-gpt", "rwkv")
+]
+
+
+@pytest.mark.parametrize("model_type", DROPS_THE_MASK)
+def test_generate_of_a_left_padded_batch_where_the_model_drops_the_mask(model_type):
+    """Greedy ``generate()`` of a left-padded batch: each row's scores at every step against the row
+    generated alone, unpadded, on stock; where the release's own method drops the mask, stock is wrong."""
+    reason = arch_skip_reason(model_type)
+    if reason:
+        pytest.skip(reason)
+    from hfpatch.forward import drops_the_mask
+
+    model = tiny_model(model_type)
+    rows = [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14], [15, 16, 17, 18]]
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([[0] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    greedy = {"max_new_tokens": 4, "do_sample": False, "pad_token_id": 0}
+    scored = {**greedy, "output_scores": True, "return_dict_in_generate": True}
+
+    def errors(made):
+        return [
+            (made.scores[s][r] - alone[r].scores[s][0]).abs().max().item() for r in range(3) for s in range(4)
+        ]
+
+    with torch.no_grad():
+        with hfpatch.unpatched():
+            alone = [model.generate(input_ids=torch.tensor([row]), **scored) for row in rows]
+            on_stock = model.generate(input_ids=ids, attention_mask=mask, **scored)
+        made = model.generate(input_ids=ids, attention_mask=mask, **scored)
+    assert max(errors(made)) <= tolerance_of(model, rows)
+    for r, row in enumerate(rows):
+        assert made.sequences[r, width:].tolist() == alone[r].sequences[0, len(row) :].tolist(), r
+    if drops_the_mask(type(model).prepare_inputs_for_generation):
+        assert max(errors(on_stock)) > WRONG  # (the test can fail: stock's rows are wrong)
 
 
 def test_status_lists_every_model_type_of_every_tested_release():

@@ -121,7 +121,7 @@ ADAPTERS = (
     Adapter("kolibri1", "Kolibri1Model", ROTARY, "5.20"),
     Adapter("laguna", "LagunaModel", ROTARY, "5.7"),
     Adapter("llama", "LlamaModel", ROTARY, "4.28", aliases=("exaone", "internlm3", "iquestcoder"), eager_mask=SDPA_436),
-    Adapter("llama4_text", "Llama4TextModel", ROTARY, "4.53", package="llama4", aliases=("llama4",), alias_since=(("llama4", "5.8"),), limits=(LLAMA4_NOPE,), unverified=((">=4.54,<4.56", NOT_VERIFIED.format("Llama 4 text", "is not causal (a token's output depends on later tokens)")),)),
+    Adapter("llama4_text", "Llama4TextModel", ROTARY, "4.52", package="llama4", aliases=("llama4",), alias_since=(("llama4", "5.8"),), limits=(LLAMA4_NOPE,), unverified=((">=4.54,<4.56", NOT_VERIFIED.format("Llama 4 text", "is not causal (a token's output depends on later tokens)")),)),
     Adapter("longcat_flash", "LongcatFlashModel", ROTARY, "5.13"),
     Adapter("mellum", "MellumModel", ROTARY, "5.10"),
     Adapter("mimo_v2_flash", "MiMoV2FlashModel", ROTARY, "5.13"),
