@@ -59,6 +59,7 @@ class _Call(threading.local):
     # unpadded); True inside the packed call an unpadded one makes
     unpad: Optional[bool] = None
     unpadding: bool = False
+    ran_unpadded: int = 0  # the calls this thread ran on their real tokens (a task head reads its base's)
     generating: Any = None  # the 2-D mask generate() is about to pass (apply(unpad=True): its last column)
     mixing: Any = None  # the call's sequences, for its layers that carry a state (hfpatch.mixers.Runs)
     watching: bool = False  # inside a watched call, or a watcher's own work: not watched again

@@ -243,6 +243,7 @@ def _run_packed(call: Callable[..., Any], packed: dict, layout: Layout, laid: Pa
     """``call`` on the packed row, its layout handed on (``CALL.laid``: its packed call detects nothing),
     the result padded back; counted as unpadded."""
     count_unpadded(None)
+    CALL.ran_unpadded += 1
     before = CALL.unpadding, CALL.laid
     CALL.unpadding, CALL.laid = True, laid
     given = next((packed[name] for name in CACHE_NAMES if packed.get(name) is not None), None)
@@ -305,16 +306,19 @@ def gate(
         allowed = why is None  # (its base model, unpadded)
         if not allowed:
             count_unpadded(why)
-        elif causal and not _keeps(kwargs):
+        elif causal and _keeps(kwargs) is None:
             result = _head_unpadded(original, self, kwargs, targets, masks, cache_kw, host)
             if result is not PADDED:
                 return result
             allowed = False  # (why is counted: its base model would find the same)
-        before, CALL.unpad = CALL.unpad, allowed
+        before, CALL.unpad, ran = CALL.unpad, allowed, CALL.ran_unpadded
         try:
-            return original(self, **kwargs)
+            result = original(self, **kwargs)
         finally:
             CALL.unpad = before
+        if CALL.ran_unpadded == ran:  # (its base kept the padded path: every logit as stock's)
+            return result
+        return _kept_pads_zero(result, host, _keeps(kwargs), labels is not None)
 
     return forward
 
@@ -332,9 +336,10 @@ def _keeps(kwargs: dict) -> Any:
 def read_at_a_pad(kwargs: dict, host: Host, causal: bool, pools: bool, pad_id: Any) -> Optional[str]:
     """Why a head's call would read an output at a pad (then its base model keeps the padded path), or
     None, from the host's read: a token-level target at a pad (a causal LM's: the next column's label), a
-    loss over every position (question answering's ``start_positions``/``end_positions``), logits kept at
-    a pad, a token pooled by the pad id (``pools``) where a pad's id is not it, a ``generate()`` prompt
-    whose last column is a pad (the next token is read there)."""
+    loss over every position (question answering's ``start_positions``/``end_positions``), a token pooled
+    by the pad id (``pools``) where a pad's id is not it, a ``generate()`` prompt whose last column is a
+    pad (the next token is read there). Logits kept at a pad (``logits_to_keep`` over right-padded
+    completions, as RL scoring keeps them) are no reason: they follow the rule for pads (zeros)."""
     real = host.real
     if kwargs.get("attention_mask") is CALL.generating and not bool(real[:, -1].all()):
         return "a right-padded generate() prompt (its next token is read at a pad)"
@@ -342,14 +347,26 @@ def read_at_a_pad(kwargs: dict, host: Host, causal: bool, pools: bool, pad_id: A
         return "a label predicted from a pad" if causal else "a label at a pad"
     if any(kwargs.get(name) is not None for name in SPANS):
         return "a loss over every position"
-    kept = _keeps(kwargs)
-    if kept is not None:
-        columns = real[:, -kept:] if isinstance(kept, int) else real[:, kept.cpu()]
-        if not bool(columns.all()):
-            return "logits kept at a pad"
     if pools and (pad_id is None or (host.foreign is not None and bool((host.foreign & ~real).any()))):
         return "a token pooled by the pad id, whose id a pad does not have"
     return None
+
+
+def _kept_pads_zero(result: Any, host: Host, kept: Any, has_loss: bool) -> Any:
+    """A causal LM head's result whose ``logits_to_keep`` kept some pads' columns, with those logits
+    zeros, as an unpadded call's pads' are (the head saw their hidden states as zeros: its bias, or a
+    softcap's, would show there)."""
+    if kept is None:
+        return result
+    columns = host.real[:, -kept:] if isinstance(kept, int) else host.real[:, kept.cpu()]
+    logits = result.logits if hasattr(result, "logits") else result[1 if has_loss else 0]
+    if not isinstance(logits, Tensor) or logits.shape[:2] != columns.shape or bool(columns.all()):
+        return result
+    zeroed = logits.masked_fill(~columns.to(logits.device, non_blocking=True)[..., None], 0)
+    if hasattr(result, "logits"):
+        result.logits = zeroed
+        return result
+    return (*result[: 1 if has_loss else 0], zeroed, *result[2 if has_loss else 1 :])
 
 
 def _shifted(labels: Any, mask: Tensor) -> Any:

@@ -503,23 +503,48 @@ def test_returned_hidden_states_are_on_the_outputs_graph(arch):
         assert (g - w)[mask != 0].abs().max() <= TOLERANCE
 
 
-def test_logits_kept_at_a_pad_keep_the_padded_path(arch):
-    """``generate()`` keeps the last column's logits (``logits_to_keep=1``): after right padding that is a
-    pad, whose logits a right-padded ``generate()`` reads; the padded call's, as with ``unpad=False``."""
+def test_logits_kept_at_a_pad_are_zeros_on_the_real_tokens_path(arch):
+    """``logits_to_keep`` over right padding (RL scoring keeps a completion's columns, pads included):
+    the call runs on its real tokens; each kept real column's logits are the padded call's, a kept pad's
+    are zeros (the rule for pads), with one column kept and with several."""
     model = _head(arch, "AutoModelForCausalLM")
     kwargs = batch(ROWS)
     if "logits_to_keep" not in inspect_parameters(model):
         pytest.skip(f"{type(model).__name__} takes no logits_to_keep in transformers {TF}")
-    with torch.no_grad():
-        want = model(**kwargs, logits_to_keep=1).logits
-        got = _padded_reason(lambda: model(**kwargs, logits_to_keep=1).logits, "logits kept at a pad")
-        assert torch.equal(got, want)
-        left = batch(ROWS, left=True)  # the last column real: unpadded, the real token's logits
-        before = UNPADDED["calls"]
-        with unpadded():
-            last = model(**left, logits_to_keep=1).logits
+    mask = kwargs["attention_mask"]
+    for keep in (1, 4):
+        with torch.no_grad():
+            want = model(**kwargs, logits_to_keep=keep).logits
+            before = UNPADDED["calls"]
+            with unpadded():
+                got = model(**kwargs, logits_to_keep=keep).logits
         assert UNPADDED["calls"] == before + 1
-        assert (last - model(**left, logits_to_keep=1).logits).abs().max() <= TOLERANCE
+        kept = mask[:, -keep:] != 0
+        assert (got - want)[kept].abs().max() <= TOLERANCE
+        assert not got[~kept].any()
+
+
+def test_scoring_prompts_and_completions(arch):
+    """RL scoring (GRPO's per-token log-probs): left-padded prompts, right-padded completions, the last
+    prompt token's and every completion column's logits kept (``logits_to_keep``): run on the real tokens,
+    each real kept column equal to its row run alone, unpadded."""
+    model = _head(arch, "AutoModelForCausalLM")
+    if "logits_to_keep" not in inspect_parameters(model):
+        pytest.skip(f"{type(model).__name__} takes no logits_to_keep in transformers {TF}")
+    prompts, completions = [[5, 6], [7, 8, 9, 10, 11], [12]], [[20, 21, 22, 23], [24, 25], [26, 27, 28]]
+    width, length = max(map(len, prompts)), max(map(len, completions))
+    rows = [[0] * (width - len(p)) + p + c + [0] * (length - len(c)) for p, c in zip(prompts, completions)]
+    mask = [[0] * (width - len(p)) + [1] * (len(p) + len(c)) + [0] * (length - len(c))
+            for p, c in zip(prompts, completions)]  # fmt: skip
+    kwargs = {"input_ids": torch.tensor(rows), "attention_mask": torch.tensor(mask)}
+    before = UNPADDED["calls"]
+    with torch.no_grad(), unpadded():
+        got = model(**kwargs, logits_to_keep=length + 1)
+    assert UNPADDED["calls"] == before + 1
+    for r, (p, c) in enumerate(zip(prompts, completions)):
+        alone = run_alone(model, p + c)[len(p) - 1 :]  # [completion + 1, vocab]
+        assert (got.logits[r, : len(c) + 1] - alone).abs().max() <= TOLERANCE
+        assert not got.logits[r, len(c) + 1 :].any()
 
 
 def test_a_right_padded_generate_is_unpad_falses(arch):
