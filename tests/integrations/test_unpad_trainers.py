@@ -131,8 +131,9 @@ def test_trl_dpo_trainer(tmp_path):
 
 
 def test_grpo_per_token_log_probs():
-    """GRPO scores left-padded prompt + completion rows in one call, with the mask and its labels (the
-    completions'), through TRL's fused LM head: run on the real tokens, each row's log-probs its own."""
+    """GRPO scores left-padded prompt + right-padded completion rows in one call, with the mask, through
+    TRL's fused LM head (log-probs from the completions' labels; the scoring call that keeps the logits
+    themselves is tests/test_unpad.py's): run on the real tokens, each row's log-probs its own."""
     grpo = pytest.importorskip("trl.trainer.grpo_trainer")
     trl_utils = pytest.importorskip("trl.trainer.utils")
     from accelerate import Accelerator
@@ -140,10 +141,15 @@ def test_grpo_per_token_log_probs():
 
     model = tiny_model("gpt2")
     trl_utils.add_fused_lm_head(model)  # (GRPOTrainer's own: log-probs from the labels)
-    prompts, completions = [[5, 6], [7, 8, 9, 10, 11, 12, 13, 14, 15, 16]], [[20, 21, 22], [23, 24, 25]]
-    width = max(map(len, prompts))
-    ids = torch.tensor([[0] * (width - len(p)) + p + c for p, c in zip(prompts, completions)])
-    mask = (torch.arange(ids.shape[1])[None] >= torch.tensor([[width - len(p)] for p in prompts])).long()
+    prompts, completions = [[5, 6], [7, 8, 9, 10, 11, 12, 13, 14, 15, 16]], [[20, 21, 22], [23, 24]]
+    width, length = max(map(len, prompts)), max(map(len, completions))
+    ids = torch.tensor(
+        [[0] * (width - len(p)) + p + c + [0] * (length - len(c)) for p, c in zip(prompts, completions)]
+    )
+    mask = torch.tensor(
+        [[0] * (width - len(p)) + [1] * (len(p) + len(c)) + [0] * (length - len(c))
+         for p, c in zip(prompts, completions)]
+    )  # fmt: skip
     AcceleratorState._reset_state(True)
     trainer = types.SimpleNamespace(accelerator=Accelerator(cpu=True, mixed_precision="no"))
     reference = []
@@ -154,8 +160,10 @@ def test_grpo_per_token_log_probs():
     hfpatch.apply(unpad=True)
     try:
         with torch.no_grad():
-            logps, _, _ = grpo.GRPOTrainer._get_per_token_logps_and_entropies(trainer, model, ids, mask, 3)
+            scored = grpo.GRPOTrainer._get_per_token_logps_and_entropies(trainer, model, ids, mask, length)
     finally:
         hfpatch.apply(unpad=False)
     assert UNPADDED["calls"] == calls + 1
-    assert (logps - torch.stack(reference)).abs().max().item() <= 1e-5
+    logps = scored[0]
+    for r, own in enumerate(reference):  # (each completion's real tokens: its pads' are masked out by GRPO)
+        assert (logps[r, : len(own)] - own).abs().max().item() <= 1e-5
