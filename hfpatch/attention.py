@@ -101,21 +101,28 @@ class ByLayout(NamedTuple):
         return allowed if dtype is None else _additive(allowed, dtype)
 
 
-def by_layout(original: Callable, kind: str, registry: Optional[dict] = None) -> Callable:
+def by_layout(original: Callable, kind: str, registry: Any = None) -> Callable:
     """``original`` (an attention function of transformers' signature; with ``registry``, the function
-    registered there under ``kind`` at each call), which runs a mask carrying a layout (:class:`Carrier`)
-    one group of sequences at a time where ``kind`` is SDPA or eager, else on its dense mask. Any other
-    mask: the function as it is, after one class test (the cost of every other call: one frame)."""
+    registered there under ``kind`` at each call: a dict, or transformers' interface, read through its
+    two dicts, no Python call), which runs a mask carrying a layout (:class:`Carrier`) one group of
+    sequences at a time where ``kind`` is SDPA or eager, else on its dense mask. Any other mask: the
+    function as it is, after one class test (the cost of every other call: its one frame)."""
     if getattr(original, "__hfpatch_by_layout__", False):
         return original
-    table = registry if registry is not None else {kind: original}
+    if registry is None:
+        own, shared = {}, {kind: original}
+    elif isinstance(registry, dict):
+        own, shared = {}, registry
+    else:  # (an interface: its own entries, then its class's, as GeneralInterface.__getitem__ reads them)
+        own, shared = registry._local_mapping, type(registry)._global_mapping
 
     @functools.wraps(original)
     def attention(module: Any, query: Tensor, key: Tensor, value: Tensor, attention_mask: Any, *args: Any,
                   **kwargs: Any) -> Any:  # fmt: skip
+        function = own[kind] if kind in own else shared[kind]
         if attention_mask.__class__ is not Carrier:  # (never under compile: no carrier is made there)
-            return table[kind](module, query, key, value, attention_mask, *args, **kwargs)
-        return _laid_out(table[kind], kind, module, query, key, value, attention_mask, args, kwargs)
+            return function(module, query, key, value, attention_mask, *args, **kwargs)
+        return _laid_out(function, kind, module, query, key, value, attention_mask, args, kwargs)
 
     attention.__hfpatch_by_layout__ = True  # type: ignore[attr-defined]
     return attention
@@ -248,14 +255,46 @@ def _own_interface(mapping: Any) -> Any:
         return None
     if isinstance(mapping, dict):  # 4.48-4.51: the registry is a dict its modules read by key
         made: Any = ChainMap({"sdpa": sdpa}, mapping)
-    else:  # an interface of its own whose entries are ``sdpa``, then the mapping's own, then the registry's
-        own = getattr(mapping, "_local_mapping", None)
-        if not isinstance(own, dict):
-            return None
-        made = type(mapping)()
-        made._local_mapping = ChainMap({"sdpa": sdpa}, own)
+    elif isinstance(getattr(mapping, "_local_mapping", None), dict):
+        made = _interface_over(mapping, sdpa)
+    else:
+        return None
     try:
         made.__hfpatch_by_layout__ = True
     except AttributeError:  # (a ChainMap takes attributes: this is for an interface that does not)
         pass
     return made
+
+
+def _interface_over(mapping: Any, sdpa: Callable) -> Any:
+    """An interface of ``mapping``'s class whose ``sdpa`` is ``sdpa`` and whose every other entry is
+    ``mapping``'s at each call (what a program sets on it goes to ``mapping``), looked up in no more Python
+    calls than transformers' own lookup makes (a decode step pays nothing per layer for it)."""
+    base = type(mapping)
+
+    class Own(base):  # type: ignore[misc, valid-type]
+        def __getitem__(self, key: str) -> Any:
+            return sdpa if key == "sdpa" else mapping[key]
+
+        def __contains__(self, key: object) -> bool:
+            return key == "sdpa" or key in mapping
+
+        def __setitem__(self, key: str, value: Any) -> None:
+            mapping[key] = value
+
+        def __delitem__(self, key: str) -> None:
+            del mapping[key]
+
+        def __iter__(self) -> Any:
+            return iter(mapping)
+
+        def __len__(self) -> int:
+            return len(mapping)
+
+    if hasattr(base, "get_interface"):  # (5.x: the attention classes look an entry up by it)
+
+        def get_interface(self: Any, implementation: str, default: Callable) -> Callable:
+            return sdpa if implementation == "sdpa" else mapping.get_interface(implementation, default)
+
+        Own.get_interface = get_interface  # type: ignore[attr-defined]
+    return Own()
