@@ -38,7 +38,9 @@ def counted() -> list[str]:
             ours = [frames(model, passed) for passed in (True, False)]
             model(**packed_call())  # the module's first packed call puts its attention rows in
             after = [frames(model, passed) for passed in (True, False)]
-            steps = [f"{o - s:+d}" for o, s in zip(ours, stock)] + [f"{a - s:+d}" for a, s in zip(after, stock)]
+            steps = [f"{o - s:+d}" for o, s in zip(ours, stock)] + [
+                f"{a - s:+d}" for a, s in zip(after, stock)
+            ]
             rows.append(f"| {name} | {layers} | {' | '.join(cells)} | {stock[0]} | {' | '.join(steps)} |")
     return rows
 
