@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from . import caches
-from ._compat import CACHE_NAMES, STATE, STATE_NAMES, cache_name, output_cache
+from ._compat import CACHE_NAMES, STATE, STATE_NAMES, cache_name, output_cache, passed
 from ._context import CALL, PACKED, UNPAD, Pin, count_unpadded, patched_here
 from .packed import NOT_KEPT, SPANS, Packed
 from .positions import padded_on_host, positions_from_mask
@@ -99,9 +99,7 @@ def _why_padded(model: Any, kwargs: dict, masks: Any, cache_kw: Optional[str], h
         return "inputs it does not know"
     if masks is not None and packed_not_kept(model, masks, masked=False) not in (None, ""):
         return NOT_KEPT  # (no masks at all: a model of state layers alone, which keep its sequences)
-    cache = next(
-        (kwargs[name] for name in (*CACHE_NAMES, *STATE_NAMES) if kwargs.get(name) is not None), None
-    )
+    cache = passed(kwargs, (*CACHE_NAMES, *STATE_NAMES))
     if cache is not None and (
         caches.uncounted(cache) or caches.capacity(cache) is not None or caches.past_length(cache)
     ):
@@ -246,7 +244,7 @@ def _run_packed(call: Callable[..., Any], packed: dict, layout: Layout, laid: Pa
     CALL.ran_unpadded += 1
     before = CALL.unpadding, CALL.laid
     CALL.unpadding, CALL.laid = True, laid
-    given = next((packed[name] for name in CACHE_NAMES if packed.get(name) is not None), None)
+    given = passed(packed, CACHE_NAMES)
     try:
         result = padded_back(call(**packed), layout)
     finally:
@@ -329,7 +327,7 @@ KEEPS = ("logits_to_keep", "num_logits_to_keep")  # (4.45-4.49 call it num_logit
 def _keeps(kwargs: dict) -> Any:
     """The call's ``logits_to_keep`` where it keeps some columns only (a count of last columns, or their
     indices), else None."""
-    kept = next((kwargs[name] for name in KEEPS if kwargs.get(name) is not None), None)
+    kept = passed(kwargs, KEEPS)
     return None if kept is None or (isinstance(kept, int) and kept == 0) else kept
 
 
