@@ -27,6 +27,8 @@ and a model of a module hfpatch does not patch never meets it.
 from __future__ import annotations
 
 import functools
+import threading
+import weakref
 from collections import ChainMap
 from collections.abc import Callable
 from typing import Any, NamedTuple, Optional
@@ -39,6 +41,7 @@ from .positions import window_mask
 
 __all__ = [
     "LAYOUT",
+    "OP",
     "RUNS",
     "ByLayout",
     "Carrier",
@@ -47,7 +50,9 @@ __all__ = [
     "Sequences",
     "by_layout",
     "carrier",
+    "compiled_layout",
     "module_rows",
+    "sdpa_by_sequence",
 ]
 
 BY_SEQUENCE = ("sdpa", "eager")  # the attentions run one group of sequences at a time
@@ -121,6 +126,10 @@ def by_layout(original: Callable, kind: str, registry: Any = None) -> Callable:
                   **kwargs: Any) -> Any:  # fmt: skip
         function = own[kind] if kind in own else shared[kind]
         if attention_mask.__class__ is not Carrier:  # (never under compile: no carrier is made there)
+            if kind == "sdpa" and attention_mask.__class__ is Tensor and _is_layout(attention_mask, query):
+                return _compiled_by_sequence(
+                    function, module, query, key, value, attention_mask, args, kwargs
+                )
             return function(module, query, key, value, attention_mask, *args, **kwargs)
         return _laid_out(function, kind, module, query, key, value, attention_mask, args, kwargs)
 
@@ -144,6 +153,164 @@ def _laid_out(
             mask = layout.dense(None if kind == "sdpa" else query.dtype)
         return function(module, query, key, value, mask.as_subclass(Tensor), *args, **kwargs)
     return _by_sequence(function, kind, module, query, key, value, layout, kwargs)
+
+
+# --- compiled code: the layout as one tensor, and the kernels by sequence as one custom op ---------------
+
+LAID_DTYPE = (
+    torch.int64
+)  # a compiled layer type's mask: its layout, [batch, 5, 1, length] (SDPA takes no such mask)
+
+
+def _is_layout(mask: Tensor, query: Tensor) -> bool:
+    return (
+        mask.dim() == 4 and mask.shape[1] == 5 and mask.shape[2] == 1 and mask.shape[3] == query.shape[2] > 1
+    )
+
+
+def compiled_layout(
+    real: Tensor, segment_ids: Tensor, positions: Tensor, window: Optional[int], chunk: Optional[int]
+) -> Tensor:
+    """A compiled packed row's mask for one layer type: its layout in one ``[batch, 5, 1, length]`` integer
+    tensor (the real tokens, each token's sequence, its position, the window, the chunk; -1: none), which
+    the module's SDPA by layout hands to :func:`sdpa_by_sequence` (a custom op, so that a traced graph
+    neither breaks nor depends on the lengths). Any attention that took it for a mask fails loudly: SDPA
+    takes no integer mask, and eager attention cannot index it as ``[batch, heads, queries, keys]``."""
+    batch, length = real.shape
+    parts = [
+        real.long(),
+        segment_ids.expand(batch, length),
+        positions.reshape(-1, length).expand(batch, length),
+    ]
+    for size in (window, chunk):
+        parts.append(torch.full_like(parts[0], -1 if size is None else size))
+    return torch.stack(parts, 1).to(LAID_DTYPE)[:, :, None]  # (4-D: the mask functions hand it on as given)
+
+
+def _compiled_by_sequence(
+    function: Callable, module: Any, query: Tensor, key: Tensor, value: Tensor, layout: Tensor,
+    args: tuple, kwargs: dict,
+) -> Any:  # fmt: skip
+    """A compiled packed row's SDPA call: :func:`sdpa_by_sequence`; attention weights asked for, dropout
+    or positional extras: SDPA on the dense mask the layout stands for."""
+    if (
+        args
+        or kwargs.get("output_attentions")
+        or kwargs.get("dropout", 0.0)
+        or kwargs.get("s_aux") is not None
+    ):
+        return function(module, query, key, value, _dense_of(layout), *args, **kwargs)
+    return torch.ops.hfpatch.sdpa_by_sequence(query, key, value, layout, kwargs.get("scaling")), None
+
+
+def _dense_of(layout: Tensor) -> Tensor:
+    """The ``[batch, 1, length, length]`` boolean mask a compiled layout stands for (tensor ops only)."""
+    real, segment_ids, positions, window, chunk = layout[:, :, 0].unbind(1)
+    slots = torch.arange(real.shape[1], device=real.device)
+    allowed = window_mask(real != 0, slots, slots, None, None, positions=positions, segment_ids=segment_ids)
+    width = window[:, :, None]  # (-1: no window; the same in every slot)
+    inside = (width < 0) | (positions[:, :, None] - positions[:, None, :] < width)
+    size = chunk[:, :, None]
+    same = (size < 0) | (
+        positions[:, :, None] // size.clamp(min=1) == positions[:, None, :] // size.clamp(min=1)
+    )
+    return allowed & (inside & same)[:, None]
+
+
+_READ = (
+    threading.local()
+)  # the last layout read in this thread: (its tensor, weakly; its version; what it says)
+
+
+def _read_layout(layout: Tensor) -> ByLayout:
+    """What a compiled layout says, read to the host once a call: every layer of a type is handed the same
+    tensor, so the read and the indices are made at its first layer and reused by the others."""
+    last = getattr(_READ, "last", None)
+    if last is not None and last[0]() is layout and last[1] == layout._version:
+        return last[2]
+    from .packed import Packed, sequences
+
+    host = layout[:, :, 0].cpu()
+    real, segment_ids, positions = host[:, 0] != 0, host[:, 1], host[:, 2]
+    window, chunk = (int(host[0, i, 0]) for i in (3, 4))
+    device = layout.device
+    packed = Packed(real.to(device), positions.to(device), segment_ids.to(device), (real, segment_ids))
+    found = ByLayout(sequences(packed), None if window < 0 else window, None if chunk < 0 else chunk)
+    _READ.last = (weakref.ref(layout), layout._version, found)
+    return found
+
+
+def _sdpa(
+    module: Any, query: Tensor, key: Tensor, value: Tensor, mask: Optional[Tensor],
+    scaling: Optional[float] = None, is_causal: bool = False, **_: Any,
+) -> tuple[Tensor, None]:  # fmt: skip
+    """Torch's SDPA in transformers' signature (``[batch, queries, heads, dim]`` out), key and value
+    heads repeated to the query's."""
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:
+        key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, scale=scaling, is_causal=is_causal and mask is None
+    )
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _run(query: Tensor, key: Tensor, value: Tensor, layout: Tensor, scale: Optional[float]) -> Tensor:
+    return _by_sequence(_sdpa, "sdpa", None, query, key, value, _read_layout(layout), {"scaling": scale})[0]
+
+
+def sdpa_by_sequence(
+    query: Tensor, key: Tensor, value: Tensor, layout: Tensor, scale: Optional[float]
+) -> Tensor:
+    """SDPA on each group of a packed row's sequences alone (:func:`_by_sequence`), its layout read from
+    ``layout`` (:func:`compiled_layout`): a custom op, outside the traced graph, so that one graph serves
+    every stream of lengths; ``[batch, length, heads, dim]`` out."""
+    return _run(query, key, value, layout, scale)
+
+
+def _sdpa_by_sequence_fake(
+    query: Tensor, key: Tensor, value: Tensor, layout: Tensor, scale: Optional[float]
+) -> Tensor:
+    batch, heads, length, _ = query.shape
+    return query.new_empty(batch, length, heads, value.shape[-1])
+
+
+def sdpa_by_sequence_backward(
+    grad: Tensor, query: Tensor, key: Tensor, value: Tensor, layout: Tensor, scale: Optional[float]
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The gradients of :func:`sdpa_by_sequence`: its groups run again, differentiated."""
+    _, pullback = torch.func.vjp(lambda q, k, v: _run(q, k, v, layout, scale), query, key, value)
+    dq, dk, dv = pullback(grad)
+    return dq, dk, dv
+
+
+def _backward_fake(
+    grad: Tensor, query: Tensor, key: Tensor, value: Tensor, layout: Tensor, scale: Optional[float]
+) -> tuple[Tensor, Tensor, Tensor]:
+    return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
+
+
+def _setup(ctx: Any, inputs: tuple, output: Tensor) -> None:
+    query, key, value, layout, scale = inputs
+    ctx.save_for_backward(query, key, value, layout)
+    ctx.scale = scale
+
+
+def _backward(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
+    query, key, value, layout = ctx.saved_tensors
+    dq, dk, dv = torch.ops.hfpatch.sdpa_by_sequence_backward(grad, query, key, value, layout, ctx.scale)
+    return dq, dk, dv, None, None
+
+
+OP = hasattr(torch.library, "custom_op") and hasattr(torch, "func")  # torch 2.4+: else compiled rows dense
+if OP:
+    forward_op = torch.library.custom_op("hfpatch::sdpa_by_sequence", mutates_args=())(sdpa_by_sequence)
+    forward_op.register_fake(_sdpa_by_sequence_fake)
+    backward_op = torch.library.custom_op("hfpatch::sdpa_by_sequence_backward", mutates_args=())(
+        sdpa_by_sequence_backward
+    )
+    backward_op.register_fake(_backward_fake)
+    forward_op.register_autograd(_backward, setup_context=_setup)
 
 
 def _by_sequence(

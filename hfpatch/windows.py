@@ -36,7 +36,7 @@ import torch
 from . import caches
 from ._compat import cache_utils
 from ._context import patched_here
-from .attention import MAPPING, ByLayout, carried, carrier
+from .attention import MAPPING, OP, ByLayout, carried, carrier, compiled_layout
 from .positions import cache_positions, keys_seen, sequence_lengths, window_mask
 from .sources import (
     attends_inline,
@@ -326,6 +326,16 @@ def apply_masks(
         laid = sequences(packed)
         made = {
             kind: carrier(ByLayout(laid, *(size or (None, None))), model.dtype)
+            for kind, size in windows.items()
+        }
+        kwargs["attention_mask"] = _handed(made, named, types, plan, mask[:, -num_new:])
+        return None
+    if packed is not None and plan.by_layout and plan.form == MASK_FUNCTIONS and attention == "sdpa" and OP:
+        # compiled (traced once: no group by group here): each layer type's layout as one small tensor,
+        # which the module's SDPA runs by sequence in a custom op (hfpatch.attention.sdpa_by_sequence)
+        real = mask != 0
+        made = {
+            kind: compiled_layout(real, segment_ids, positions, *(size or (None, None)))
             for kind, size in windows.items()
         }
         kwargs["attention_mask"] = _handed(made, named, types, plan, mask[:, -num_new:])
