@@ -437,7 +437,6 @@ def _install(state: AdapterState, module: Any) -> list[Patch]:
     state.skip_reason = None
     if any(row.late for row in state.rows):
         state.pin.late = functools.partial(_install_late, state)
-        _install_late_when_compiling()
     return _ledger.install(state.pin, state.rows)
 
 
@@ -448,31 +447,6 @@ def _install_late(state: AdapterState) -> None:
         if state.installed and state.pin.late is not None:
             _ledger.install(state.pin, state.rows, late=True)
         state.pin.late = None
-
-
-_COMPILING: list[bool] = [False]  # the compile-start callback registered (once a process)
-
-
-def _install_late_when_compiling() -> None:
-    """Have every compilation start by installing the rows still waiting for a packed call: compiled
-    code cannot install them at its first packed call (a graph is traced once, with the functions it
-    finds), so a model compiled after ``apply()`` runs its packed rows by layout too. A start costs one
-    look at the adapters; a process that never compiles registers the callback only."""
-    if _COMPILING[0]:
-        return
-    try:
-        from torch._dynamo.callback import callback_handler
-    except ImportError:  # (a torch without compilation callbacks: compiled packed rows stay dense)
-        return
-    callback_handler.register_start_callback(_compilation_starts)
-    _COMPILING[0] = True
-
-
-def _compilation_starts(*_: Any) -> None:
-    for state in list(_states.values()):
-        late = state.pin.late
-        if late is not None:
-            late()
 
 
 # --- classes outside transformers (hfpatch.custom) ----------------------------------------------------

@@ -353,7 +353,9 @@ def given_masks(
             mask = found.mask
             why = KEEPS_KEYS if plan.keeps_keys else _not_kept(model, adapter, masks, kwargs)
             if why is None:
-                if not torch.compiler.is_compiling() and pin.late is not None:
+                if torch.compiler.is_compiling():
+                    _install_while_tracing(pin)  # (at trace time, outside the graph: no guard on it)
+                elif pin.late is not None:
                     pin.late()  # (the module's attention by sequence: in from its first packed call)
                 why = apply_masks(model, masks, plan.cache_kw, kwargs, cache, mask, mask.shape[1], 0, found)
                 if why is None:
@@ -365,6 +367,23 @@ def given_masks(
     if masks is not None and masks.windowed and not adapter.family.multimodal:
         given_windows(model, plan, masks, kwargs, cache)
     return None
+
+
+def _at_trace_time(function: Callable) -> Callable:
+    """``function`` run by dynamo while it traces, outside the graph, and not again by the graph it makes
+    (``torch.compiler.assume_constant_result``, torch 2.2+); before, a function that does nothing."""
+    mark = getattr(torch.compiler, "assume_constant_result", None)
+    return mark(function) if mark is not None else lambda *_: True
+
+
+@_at_trace_time
+def _install_while_tracing(pin: Pin) -> bool:
+    """A packed call being traced: the rows its module's attention needs (hfpatch.attention) go in now,
+    before the graph reads the module's attention functions (compiled code cannot install them later)."""
+    late = pin.late
+    if late is not None:
+        late()
+    return True
 
 
 def _not_kept(model: Any, adapter: Adapter, masks: Optional[MaskPlan], kwargs: dict) -> Optional[str]:

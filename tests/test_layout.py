@@ -122,19 +122,38 @@ def test_no_tensor_is_length_by_length(arch, attention, extra, layout):
     assert seen.most < total * total  # (a mask of the row would be this much)
 
 
-@pytest.mark.compile
-def test_a_stream_of_packed_rows_compiles_two_graphs():
-    """torch.compile over packed rows of five other lengths: the first compiles a graph for its shape, the
-    second one with a dynamic length, and no other compiles (dense masks there: compiled code reads no
-    layout)."""
-    from torch._dynamo.testing import CompileCounter
+class Graphs:
+    """A dynamo backend that counts the graphs it is given and the most elements any value of theirs
+    holds (their traced example values: the custom op's inside aside), then runs each as it is."""
 
-    model = model_of("llama", "sdpa")
+    def __init__(self) -> None:
+        self.count, self.most = 0, 0
+
+    def __call__(self, graph, inputs):
+        self.count += 1
+        for node in graph.graph.nodes:
+            if node.op not in ("call_function", "call_method", "call_module"):
+                continue  # (the inputs, the weights)
+            value = node.meta.get("example_value")
+            for tensor in value if isinstance(value, (tuple, list)) else (value,):
+                if isinstance(tensor, torch.Tensor) and isinstance(tensor.numel(), int):
+                    self.most = max(self.most, tensor.numel())
+        return graph.forward
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("arch", ["llama", "mistral"])
+def test_a_stream_of_packed_rows_compiles_two_graphs(arch):
+    """torch.compile over packed rows of five other lengths: the first compiles a graph for its shape, the
+    second one with a dynamic length, and no other compiles (the layout reaches the attention as data, for
+    a custom op that runs the sequences: hfpatch.attention.sdpa_by_sequence); each sequence exact against
+    itself alone, and nothing in the first graph as large as a mask of the row (Mistral: its window)."""
+    model = model_of(arch, "sdpa", **({"sliding_window": 4} if arch == "mistral" else {}))
     torch._dynamo.reset()
-    counter = CompileCounter()
-    compiled = torch.compile(model, fullgraph=True, backend=counter)
+    graphs = Graphs()
+    compiled = torch.compile(model, fullgraph=True, backend=graphs)
     try:
-        for lengths in ((5, 3, 9), (7, 7), (2, 11, 4, 6), (12, 1), (3, 3, 3, 3, 3)):
+        for lengths in ((50, 30, 90, 30), (7, 7), (2, 11, 4, 6), (12, 1), (3, 3, 3, 3, 3)):
             rows = rows_of(lengths)
             kwargs = {
                 "input_ids": torch.tensor([sum(rows, [])]),
@@ -144,9 +163,46 @@ def test_a_stream_of_packed_rows_compiles_two_graphs():
                 logits = compiled(**kwargs).logits[0].split(list(lengths))
             for row, out in zip(rows, logits):
                 assert (out - alone(model, row)).abs().max() <= TOLERANCE
+            if graphs.count == 1:
+                total = sum(lengths)
+                assert graphs.most < total * total, graphs.most  # (the largest: the logits, 200 x 97)
     finally:
         torch._dynamo.reset()
-    assert counter.frame_count <= 2, counter.frame_count
+    assert graphs.count <= 2, graphs.count
+
+
+@pytest.mark.compile
+@pytest.mark.inductor
+@pytest.mark.slow
+def test_a_compiled_packed_training_step_is_its_sequences_own():
+    """A packed training step compiled by inductor (its backward too): the loss and every gradient those of
+    the sequences run alone, each in a call of its own, on stock transformers."""
+    model = model_of("llama", "sdpa")
+    model.train()
+    lengths = (5, 9, 3, 7)
+    rows = rows_of(lengths)
+    ids = torch.tensor([sum(rows, [])])
+    positions = torch.cat([torch.arange(n) for n in lengths])[None]
+    labels = ids.clone()
+    labels[0, torch.tensor((0, *lengths[:-1])).cumsum(0)] = -100  # (no token predicted across a boundary)
+    with hfpatch.unpatched():
+        model.zero_grad()
+        total = sum(
+            model(input_ids=torch.tensor([row]), labels=torch.tensor([row])).loss * (len(row) - 1)
+            for row in rows
+        )
+        want_loss = total / sum(n - 1 for n in lengths)
+        want_loss.backward()
+        want = {n: p.grad.clone() for n, p in model.named_parameters()}
+    torch._dynamo.reset()
+    try:
+        model.zero_grad()
+        loss = torch.compile(model, fullgraph=True)(input_ids=ids, position_ids=positions, labels=labels).loss
+        loss.backward()
+    finally:
+        torch._dynamo.reset()
+    assert abs(loss.item() - want_loss.item()) <= TOLERANCE
+    assert max((p.grad - want[n]).abs().max().item() for n, p in model.named_parameters()) <= TOLERANCE
 
 
 @pytest.mark.slow
