@@ -41,6 +41,7 @@ ORDER = (  # the sections of RESULTS.md, in the order they stand there
     "## Packed training step: each sequence kept to itself vs stock's leak, and vs a padded batch",
     "## A padded batch at the cost of its real tokens: `apply(unpad=True)`",
     "## A packed row at length: time and memory against the sequences' own run",
+    "## A compiled packed row: time and memory against the sequences' own compiled run",
     "## Decode step with positions passed, no window: the look for packed rows",
     "## Compiled decode step: hfpatch (mask only) vs stock with explicit inputs",
     "## Watching calls: `hfpatch audit` and `hfpatch.shadow`",

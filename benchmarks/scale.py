@@ -33,10 +33,19 @@ ROWS = [
 STOCK_UP_TO = 32768  # stock's packed row builds a length x length mask itself: beyond, GiBs to leak
 
 
-def measure(what: str, arch: str, attention: str, sequences: int, length: int, train: bool = False) -> dict:
+def measure(
+    what: str,
+    arch: str,
+    attention: str,
+    sequences: int,
+    length: int,
+    train: bool = False,
+    compiled: bool = False,
+) -> dict:
     """One call (``what``: ``packed`` hfpatch, ``stock`` packed, ``own``: the sequences' own batch, no mask;
     ``unpad``: ``sequences`` rows of ``sequences x length`` slots, one full and the others ``length`` long,
-    under ``apply(unpad=True)``; ``alone``: those sequences each run alone); its seconds and MiB."""
+    under ``apply(unpad=True)``; ``alone``: those sequences each run alone); its seconds and MiB. ``compiled``:
+    the model under ``torch.compile(fullgraph=True)``, compiled by a first call that is not counted."""
     import torch
 
     torch.set_num_threads(1)
@@ -73,18 +82,24 @@ def measure(what: str, arch: str, attention: str, sequences: int, length: int, t
         call["use_cache"] = False
         if train:
             call["labels"] = call["input_ids"]
+    run = torch.compile(model, fullgraph=True) if compiled else model
+
+    def once() -> None:
+        model.zero_grad(set_to_none=True)
+        with torch.set_grad_enabled(train):
+            for call in calls:
+                out = run(**call)
+                if train:
+                    out.loss.backward()
+
+    if compiled:
+        once()  # (compiles: its memory is not the call's)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     best = float("inf")
     for _ in range(2):
-        model.zero_grad(set_to_none=True)
         start = time.perf_counter()
-        with torch.set_grad_enabled(train):
-            for call in calls:
-                out = model(**call)
-                if train:
-                    out.loss.backward()
+        once()
         best = min(best, time.perf_counter() - start)
-        del out
     grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
     return {"seconds": best, "mib": grown}
 
@@ -141,6 +156,23 @@ def at_length(arch: str = "llama") -> list[str]:
     return out
 
 
+def compiled_at_length(arch: str = "llama") -> list[str]:
+    out = []
+    for sequences, length in ((8, 1024), (8, 2048)):
+        tokens = sequences * length
+        for what, label in (("packed", "packed row"), ("stock", "stock's packed row (leaks)")):
+            ours, own = _pair(
+                (what, arch, "sdpa", sequences, length, 0, 1), ("own", arch, "sdpa", sequences, length, 0, 1)
+            )
+            out.append(_row(f"compiled {label}, {sequences} x {length:,}", tokens, "sdpa", ours, own))
+    shape = (arch, "sdpa", 8, 1024, 1, 1)
+    ours, own = _pair(("packed", *shape), ("own", *shape))
+    out.append(_row("compiled training step, packed 8 x 1,024", 8192, "sdpa", ours, own))
+    control = _pair(("own", arch, "sdpa", 8, 1024, 0, 1), ("own", arch, "sdpa", 8, 1024, 0, 1))
+    out.append(_row("A/A: compiled own vs own, 8 x 1,024", 8192, "sdpa", *control))
+    return out
+
+
 SECTIONS = {
     "## A packed row at length: time and memory against the sequences' own run": (
         [
@@ -161,20 +193,24 @@ SECTIONS = {
 }
 
 
+SECTIONS["## A compiled packed row: time and memory against the sequences' own compiled run"] = (
+    [
+        "As above, each model under `torch.compile(fullgraph=True)` (inductor), its first call (the",
+        "compilation) not counted. A compiled packed row hands its attention layers its layout as one small",
+        "tensor, which a custom op (`hfpatch::sdpa_by_sequence`) runs by sequence, as eager mode does: one",
+        "graph for every stream of lengths. Stock's compiled packed row is wrong and dense.",
+        "",
+        "| call | tokens | attention | hfpatch or stock (s) | own (s) | time ratio | peak MiB (call / own) | memory ratio |",
+        "|---|---|---|---|---|---|---|---|",
+    ],
+    compiled_at_length,
+)
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--one"]:
-        what, arch, attention, sequences, length, *train = sys.argv[2:]
-        print(
-            json.dumps(
-                measure(
-                    what,
-                    arch,
-                    attention,
-                    int(sequences),
-                    int(length),
-                    bool(int(train[0])) if train else False,
-                )
-            )
-        )
+        what, arch, attention, sequences, length, *flags = sys.argv[2:]
+        train, compiled = (bool(int(flag)) for flag in (*flags, "0", "0")[:2])
+        print(json.dumps(measure(what, arch, attention, int(sequences), int(length), train, compiled)))
     else:
         print("\n".join(SECTIONS[next(iter(SECTIONS))][0] + at_length()))

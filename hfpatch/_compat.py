@@ -27,6 +27,7 @@ except ImportError:  # before 4.43
 
 __all__ = [
     "CACHE_NAMES",
+    "at_trace_time",
     "attaches_static_caches",
     "cache_name",
     "cache_utils",
@@ -37,6 +38,16 @@ __all__ = [
 ]
 
 CACHE_NAMES = ("cache", "past_key_values")  # 5.24 renamed past_key_values -> cache
+
+
+def at_trace_time(function: Callable) -> Callable:
+    """``function`` run by dynamo while it traces, outside the graph and not again by the graph it makes
+    (``torch.compiler.assume_constant_result``, torch 2.2+; it returns a constant); before 2.2, a function
+    that does nothing."""
+    mark = getattr(torch.compiler, "assume_constant_result", None)
+    return mark(function) if mark is not None else lambda *_: True
+
+
 STATE = "state"  # what RWKV takes and returns instead: its state itself (a list of tensors)
 # what a model without a KV cache takes for its states: 4.x Mamba's ``cache_params``, RWKV's ``state``
 STATE_NAMES = ("cache_params", STATE)

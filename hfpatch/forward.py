@@ -40,7 +40,7 @@ import torch
 from torch import Tensor
 
 from . import caches
-from ._compat import CACHE_NAMES, STATE_NAMES, passed
+from ._compat import CACHE_NAMES, STATE_NAMES, at_trace_time, passed
 from ._context import CALL, PACKED, UNPAD, Pin, count_unpadded, patched_here, warn_once
 from .caches import CAPACITY
 from .declarations import Adapter
@@ -369,14 +369,7 @@ def given_masks(
     return None
 
 
-def _at_trace_time(function: Callable) -> Callable:
-    """``function`` run by dynamo while it traces, outside the graph, and not again by the graph it makes
-    (``torch.compiler.assume_constant_result``, torch 2.2+); before, a function that does nothing."""
-    mark = getattr(torch.compiler, "assume_constant_result", None)
-    return mark(function) if mark is not None else lambda *_: True
-
-
-@_at_trace_time
+@at_trace_time
 def _install_while_tracing(pin: Pin) -> bool:
     """A packed call being traced: the rows its module's attention needs (hfpatch.attention) go in now,
     before the graph reads the module's attention functions (compiled code cannot install them later)."""

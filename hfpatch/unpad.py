@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from . import caches
-from ._compat import CACHE_NAMES, STATE, STATE_NAMES, cache_name, output_cache, passed
+from ._compat import CACHE_NAMES, STATE, STATE_NAMES, at_trace_time, cache_name, output_cache, passed
 from ._context import CALL, PACKED, UNPAD, Pin, count_unpadded, patched_here
 from .packed import NOT_KEPT, SPANS, Packed
 from .positions import padded_on_host, positions_from_mask
@@ -289,6 +289,9 @@ def gate(
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not UNPAD[0] or CALL.unpadding or not patched_here(pin):
             return original(self, *args, **kwargs)
+        if torch.compiler.is_compiling():
+            _compiled()  # (said once a graph, while it is traced)
+            return original(self, *args, **kwargs)
         if args:
             if len(args) > len(positional) or any(name in kwargs for name in positional[: len(args)]):
                 return original(self, *args, **kwargs)  # (its own TypeError)
@@ -319,6 +322,15 @@ def gate(
         return _kept_pads_zero(result, host, _keeps(kwargs), labels is not None)
 
     return forward
+
+
+COMPILED = "compiled (a graph's shapes cannot follow a call's pads: counted once a graph)"
+
+
+@at_trace_time
+def _compiled() -> bool:
+    count_unpadded(COMPILED)
+    return True
 
 
 KEEPS = ("logits_to_keep", "num_logits_to_keep")  # (4.45-4.49 call it num_logits_to_keep)

@@ -168,8 +168,8 @@ def test_gradient_checkpointing(arch, reentrant):
 @pytest.mark.compile
 def test_compiled_calls_keep_the_padded_path(arch):
     """A compiled call takes the padded path (no data-dependent shape in a graph): one graph under
-    fullgraph=True, the eager padded logits, and a stream of batches of other lengths compiles no more
-    graphs than without unpad."""
+    fullgraph=True, the eager padded logits, a stream of batches of other lengths compiles no more
+    graphs than without unpad, and ``status().unpadded`` says why once a graph (not once a call)."""
     from torch._dynamo.testing import CompileCounter
 
     model = tiny(arch)
@@ -179,6 +179,9 @@ def test_compiled_calls_keep_the_padded_path(arch):
         counter = CompileCounter()
         compiled = torch.compile(model, fullgraph=True, backend=counter)
         hfpatch.apply(unpad=unpad)
+        from hfpatch.unpad import COMPILED
+
+        before = hfpatch.status().unpadded["padded"].get(COMPILED, 0)
         try:
             with torch.no_grad():
                 for rows in (ROWS, ROWS[:3], [r * 2 for r in ROWS]):
@@ -187,10 +190,13 @@ def test_compiled_calls_keep_the_padded_path(arch):
                     got = compiled(**kwargs).logits
                     if want is not None:
                         assert (got - want).abs().max() <= TOLERANCE
+            said = dict(hfpatch.status().unpadded["padded"])
         finally:
             hfpatch.apply(unpad=False)
             torch._dynamo.reset()
         counts[unpad] = counter.frame_count
+        if unpad:
+            assert said.get(COMPILED, 0) - before == counter.frame_count, said
     assert counts[True] <= counts[False], counts
 
 
