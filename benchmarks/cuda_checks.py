@@ -7,6 +7,7 @@
     python benchmarks/cuda_checks.py precision  # only 6.
     python benchmarks/cuda_checks.py length     # only 7.
     python benchmarks/cuda_checks.py hybrids    # only 8.
+    python benchmarks/cuda_checks.py compiled   # only 9.
 
 1. CUDA graphs: greedy decoding with a StaticCache and implicit positions (hfpatch derives them from
    the mask) under ``torch.compile(mode="reduce-overhead")`` gives the same tokens as eager.
@@ -53,11 +54,18 @@
    call's device syncs at most one more than its sequences' own batch's. Where fla / causal_conv1d /
    mamba_ssm import, transformers' own kernel path given the lengths runs beside it: its result against
    the sequences alone and both times (printed, not checked).
+9. A compiled packed row on the GPU: Llama (4 layers x 256), bf16, SDPA, ``torch.compile(fullgraph=True)``
+   (inductor), rows of 8 x 1,024 and 8 x 4,096 tokens packed against the same model compiled on the
+   sequences' own batch: time (CUDA events, median of 5, the compilation not counted), peak memory, each
+   sequence's logits at bf16's tolerance, and its device syncs at most one more a layer type than the own
+   batch's (the custom op reads the layout once a call: ``hfpatch::sdpa_by_sequence``); and a compiled
+   training step (fp32, TF32 off) whose loss equals the sequences' own.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import sys
 import warnings
@@ -635,10 +643,63 @@ def _hybrid(arch: str, kernels: bool, device: str) -> bool:
     return ok
 
 
+def _logits(run, **kwargs) -> torch.Tensor:
+    return run(**kwargs, use_cache=False).logits
+
+
+def compiled() -> bool:
+    """Check 9: compiled packed rows against the sequences' own batch compiled, a compiled training step."""
+    from hfpatch.tolerances import bound
+
+    from harness import SMALL
+
+    sizes = {**SMALL, "max_position_embeddings": 1 << 13}
+    model = tiny_model("llama", sizes=sizes, attention="sdpa").to("cuda", torch.bfloat16)
+    run = torch.compile(model, fullgraph=True)
+    ok = True
+    for length in (1024, 4096):
+        ids = torch.randint(1, 1000, (8, length), device="cuda")
+        positions = torch.arange(length, device="cuda").repeat(8)[None]
+        with torch.no_grad():
+            packed = functools.partial(_logits, run, input_ids=ids.reshape(1, -1), position_ids=positions)
+            own_call = functools.partial(_logits, run, input_ids=ids)
+            packed(), own_call()  # (compiles both)
+            own_ms, own_mib, own = _timed(own_call)
+            ours_ms, ours_mib, ours = _timed(packed)
+            _, own_syncs = _syncs(own_call)
+            _, our_syncs = _syncs(packed)
+        limit = bound(torch.bfloat16, own.float().abs().max().item())
+        worst = (ours.reshape(8, length, -1).float() - own.float()).abs().max().item()
+        synced = our_syncs <= own_syncs + 1
+        print(f"compiled, 8 x {length}: packed {ours_ms:.1f} ms / {ours_mib:.0f} MiB, own {own_ms:.1f} ms / "
+              f"{own_mib:.0f} MiB ({ours_ms / own_ms:.2f}x); {worst:.2e} (tolerance {limit:.1e}) "
+              f"{'ok' if worst <= limit else 'WRONG'}; device syncs {our_syncs} against {own_syncs} "
+              f"{'ok' if synced else 'TOO MANY'}")  # fmt: skip
+        ok &= worst <= limit and synced
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    model = tiny_model("llama", sizes=SMALL, attention="sdpa").to("cuda").train()
+    lengths = (50, 300, 7, 130)
+    rows = [torch.randint(1, 1000, (n,), device="cuda") for n in lengths]
+    labels = torch.cat([torch.cat([torch.tensor([-100], device="cuda"), row[1:]]) for row in rows])[None]
+    positions = torch.cat([torch.arange(n, device="cuda") for n in lengths])[None]
+    loss = torch.compile(model, fullgraph=True)(
+        input_ids=torch.cat(rows)[None], position_ids=positions, labels=labels, use_cache=False
+    ).loss
+    loss.backward()
+    with torch.no_grad():
+        total = sum(model(input_ids=row[None], labels=row[None]).loss * (len(row) - 1) for row in rows)
+    want = (total / sum(n - 1 for n in lengths)).item()
+    print(f"compiled training step: loss {loss.item():.6f}, its sequences alone {want:.6f}")
+    return ok and abs(loss.item() - want) <= TOLERANCE
+
+
 def main(argv: list[str]) -> int:
-    if argv not in ([], ["seq2seq"], ["attention"], ["unpad"], ["precision"], ["length"], ["hybrids"]):
+    if argv not in (
+        [], ["seq2seq"], ["attention"], ["unpad"], ["precision"], ["length"], ["hybrids"], ["compiled"]
+    ):  # fmt: skip
         print(
-            "usage: python benchmarks/cuda_checks.py [seq2seq | attention | unpad | precision | length | hybrids]"
+            "usage: python benchmarks/cuda_checks.py "
+            "[seq2seq | attention | unpad | precision | length | hybrids | compiled]"
         )
         return 2
     if not torch.cuda.is_available():
@@ -669,6 +730,10 @@ def main(argv: list[str]) -> int:
             return 0 if ok else 1
     if argv in ([], ["hybrids"]):
         ok &= hybrids()
+        if argv:
+            return 0 if ok else 1
+    if argv in ([], ["compiled"]):
+        ok &= compiled()
         if argv:
             return 0 if ok else 1
     decoder_only = (
