@@ -302,15 +302,25 @@ def _backward(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
     return dq, dk, dv, None, None
 
 
-OP = hasattr(torch.library, "custom_op") and hasattr(torch, "func")  # torch 2.4+: else compiled rows dense
-if OP:
-    forward_op = torch.library.custom_op("hfpatch::sdpa_by_sequence", mutates_args=())(sdpa_by_sequence)
-    forward_op.register_fake(_sdpa_by_sequence_fake)
-    backward_op = torch.library.custom_op("hfpatch::sdpa_by_sequence_backward", mutates_args=())(
-        sdpa_by_sequence_backward
-    )
-    backward_op.register_fake(_backward_fake)
-    forward_op.register_autograd(_backward, setup_context=_setup)
+def _register() -> bool:
+    """Register the two custom ops (torch 2.4+; where another copy of hfpatch registered them first, its
+    ops stay and this copy's compiled packed rows stay dense): whether they are this copy's."""
+    if not (hasattr(torch.library, "custom_op") and hasattr(torch, "func")):
+        return False
+    try:
+        forward = torch.library.custom_op("hfpatch::sdpa_by_sequence", mutates_args=())(sdpa_by_sequence)
+        backward = torch.library.custom_op("hfpatch::sdpa_by_sequence_backward", mutates_args=())(
+            sdpa_by_sequence_backward
+        )
+    except RuntimeError:
+        return False
+    forward.register_fake(_sdpa_by_sequence_fake)
+    backward.register_fake(_backward_fake)
+    forward.register_autograd(_backward, setup_context=_setup)
+    return True
+
+
+OP = _register()  # the compiled route: else a compiled packed row keeps the dense masks
 
 
 def _by_sequence(
