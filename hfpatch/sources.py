@@ -19,6 +19,7 @@ __all__ = [
     "fills_positions_when_none",
     "attends_inline",
     "forward_tree",
+    "hands_masks_on",
     "hands_positions_to_mask_functions",
     "hands_state",
     "held_states",
@@ -97,6 +98,52 @@ def attends_inline(module: Any) -> bool:
     through its ``ALL_ATTENTION_FUNCTIONS``, or whose source cannot be read."""
     source = source_of(module)
     return source is None or "scaled_dot_product_attention(" in source
+
+
+# what a layer may do with the mask it is handed and still hand it on untouched
+_HARMLESS = {"shape", "device", "size", "dim", "ndim"}
+
+
+def hands_masks_on(module: Any, owner: type) -> bool:
+    """Whether every class of ``module`` but ``owner`` (whose forward makes the masks from the 2-D one)
+    hands the mask it is given (``attention_mask``) on untouched: passes it to calls, compares it with None,
+    reads its shape, and nothing else (no dtype branch, no index, no arithmetic: DeepSeek V3.2's indexer,
+    Doge's dynamic mask). ``eager_attention_forward`` aside: it is the attention. False where the source
+    cannot be read."""
+    tree = forward_tree(module)
+    if tree is None:
+        return False
+    skipped = {
+        id(inner)
+        for node in ast.walk(tree)
+        if (isinstance(node, ast.ClassDef) and node.name == owner.__name__)
+        or (isinstance(node, ast.FunctionDef) and node.name == "eager_attention_forward")
+        for inner in ast.walk(node)
+    }
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Attribute) and _is_mask(node.value) and node.attr not in _HARMLESS:
+            return False
+        if isinstance(node, ast.Subscript) and _is_mask(node.value):
+            return False
+        if isinstance(node, (ast.BinOp, ast.UnaryOp, ast.BoolOp)) and any(
+            _is_mask(child) for child in ast.iter_child_nodes(node)
+        ):
+            return False
+        if isinstance(node, ast.Compare) and any(_is_mask(x) for x in (node.left, *node.comparators)):
+            if not all(isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops):
+                return False
+        if isinstance(node, ast.Call) and any(_is_mask(arg) for arg in node.args):
+            function = node.func
+            torch_call = isinstance(function, ast.Attribute) and isinstance(function.value, ast.Name)
+            if torch_call and function.value.id in ("torch", "F"):
+                return False
+    return True
+
+
+def _is_mask(node: ast.AST) -> bool:
+    return isinstance(node, ast.Name) and node.id == "attention_mask"
 
 
 def takes_mask_dict(source: str) -> bool:

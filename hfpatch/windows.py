@@ -40,6 +40,7 @@ from .attention import MAPPING, OP, ByLayout, carried, carrier, compiled_layout
 from .positions import cache_positions, keys_seen, sequence_lengths, window_mask
 from .sources import (
     attends_inline,
+    hands_masks_on,
     passes_4d_mask_as_given,
     reads_2d_mask_only,
     source_of,
@@ -175,6 +176,9 @@ class MaskPlan(NamedTuple):
     # its ``_update_causal_mask`` reads a 2-D mask only (a 4-D one ignored): patched to take a 4-D mask as
     # given, as 4.42-4.52's do (:class:`GivenMask`)
     given: bool = False
+    # its layers hand a layer type's mask to the attention functions untouched (read from its code, none
+    # of its own state layers): compiled, its packed row's layout reaches them as data (hfpatch.attention)
+    as_data: bool = False
 
     @property
     def float_masks(self) -> bool:
@@ -226,6 +230,7 @@ def mask_plan(owner: type, packed: bool = True) -> Optional[MaskPlan]:
     module = sys.modules.get(owner.__module__)
     by_layout = hasattr(module, MAPPING) and not attends_inline(module)
     mixers = module is not None and bool(state_mixers(module))
+    as_data = by_layout and not mixers and hands_masks_on(module, owner)
     given = form == ADDITIVE and reads_2d_mask_only(update_source)
     return MaskPlan(
         form,
@@ -240,6 +245,7 @@ def mask_plan(owner: type, packed: bool = True) -> Optional[MaskPlan]:
         by_layout,
         mixers,
         given,
+        as_data,
     )
 
 
@@ -330,7 +336,7 @@ def apply_masks(
         }
         kwargs["attention_mask"] = _handed(made, named, types, plan, mask[:, -num_new:])
         return None
-    if packed is not None and plan.by_layout and plan.form == MASK_FUNCTIONS and attention == "sdpa" and OP:
+    if packed is not None and plan.as_data and plan.form == MASK_FUNCTIONS and attention == "sdpa" and OP:
         # compiled (traced once: no group by group here): each layer type's layout as one small tensor,
         # which the module's SDPA runs by sequence in a custom op (hfpatch.attention.sdpa_by_sequence)
         real = mask != 0
