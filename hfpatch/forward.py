@@ -178,7 +178,9 @@ def make_forward(adapter: Adapter, original: Callable, plan: Plan, pin: Pin) -> 
             return call_with_positions(self, family, original, kwargs, derived[0] if derived else laid)
         if eager:
             return _with_eager_mask(original, self, kwargs)
-        if mixes and not is_compiling():
+        if mixes and is_compiling() and isinstance(packed, Packed):
+            _states_not_kept_compiled(arch)  # (said while traced: a graph cannot run them by sequence)
+        elif mixes:
             runs = call_runs(self, given, packed, derived, cache, kwargs, steps, trims)
             if runs is AS_STOCK:
                 return original(self, **given)
@@ -367,6 +369,15 @@ def given_masks(
     if masks is not None and masks.windowed and not adapter.family.multimodal:
         given_windows(model, plan, masks, kwargs, cache)
     return None
+
+
+STATES_COMPILED = "compiled (its state layers run each sequence alone in eager mode only)"
+
+
+@at_trace_time
+def _states_not_kept_compiled(arch: str) -> bool:
+    warn_not_kept(arch, STATES_COMPILED)
+    return True
 
 
 @at_trace_time
