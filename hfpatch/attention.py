@@ -278,9 +278,15 @@ def _sdpa_by_sequence_fake(
 def sdpa_by_sequence_backward(
     grad: Tensor, query: Tensor, key: Tensor, value: Tensor, layout: Tensor, scale: Optional[float]
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """The gradients of :func:`sdpa_by_sequence`: its groups run again, differentiated."""
-    _, pullback = torch.func.vjp(lambda q, k, v: _run(q, k, v, layout, scale), query, key, value)
-    dq, dk, dv = pullback(grad)
+    """The gradients of :func:`sdpa_by_sequence`: its groups run again under autograd (which a custom op's
+    body runs without: put back for it, autocast left off), so each group's SDPA takes its own backward
+    (not a decomposition that would hold every group's attention weights)."""
+    include = torch._C._dispatch_tls_local_include_set()
+    exclude = torch._C._dispatch_tls_local_exclude_set().remove(torch._C.DispatchKey.AutogradFunctionality)
+    inputs = [t.detach().requires_grad_() for t in (query, key, value)]
+    with torch._C._ForceDispatchKeyGuard(include, exclude), torch.enable_grad():
+        out = _run(*inputs, layout, scale)
+        dq, dk, dv = torch.autograd.grad(out, inputs, grad)
     return dq, dk, dv
 
 
@@ -305,7 +311,7 @@ def _backward(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
 def _register() -> bool:
     """Register the two custom ops (torch 2.4+; where another copy of hfpatch registered them first, its
     ops stay and this copy's compiled packed rows stay dense): whether they are this copy's."""
-    if not (hasattr(torch.library, "custom_op") and hasattr(torch, "func")):
+    if not (hasattr(torch.library, "custom_op") and hasattr(torch._C, "_ForceDispatchKeyGuard")):
         return False
     try:
         forward = torch.library.custom_op("hfpatch::sdpa_by_sequence", mutates_args=())(sdpa_by_sequence)
