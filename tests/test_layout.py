@@ -7,12 +7,15 @@ number of graphs."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from packaging.version import Version
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import hfpatch
+from hfpatch.forward import STATES_COMPILED
 from hfpatch.verification.tiny import tiny_config
 
 from conftest import TF, arch_skip_reason
@@ -169,6 +172,43 @@ def test_a_stream_of_packed_rows_compiles_two_graphs(arch):
     finally:
         torch._dynamo.reset()
     assert graphs.count <= 2, graphs.count
+
+
+# one of each kind a compiled packed row meets: layer types with windows, a window on every layer,
+# a model whose layers touch the mask themselves (the dense masks: DeepSeek V3.2's indexer), and one whose
+# state layers run by sequence in eager mode only (warned: compiled, its rows stay stock's)
+COMPILED_KINDS = ["gemma3_text", "qwen2", "deepseek_v32", "bamba"]
+
+
+@pytest.mark.compile
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", COMPILED_KINDS)
+def test_compiled_packed_rows_of_each_kind(arch, fresh_warnings):
+    """A packed row under torch.compile(fullgraph=True): each sequence exact against itself alone on stock
+    where its state layers (if any) can be kept, else the warning that says so, once."""
+    from test_packed import SEQUENCES, pack, tiny, worst
+
+    if arch_skip_reason(arch):
+        pytest.skip(arch_skip_reason(arch))
+    if TF < Version("4.53"):
+        pytest.skip(
+            "compiled packed rows reach the attention as data where mask functions hand masks on (4.53+)"
+        )
+    model = tiny(arch, "sdpa")
+    kwargs, spans = pack([list(SEQUENCES)], mask=False)
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad(), warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            logits = torch.compile(model, fullgraph=True, backend="eager")(**kwargs).logits
+    finally:
+        torch._dynamo.reset()
+    warned = [str(w.message) for w in said if str(w.message).startswith("hfpatch")]
+    if arch == "bamba":
+        assert len(warned) == 1 and STATES_COMPILED in warned[0], warned
+        return
+    assert not warned, warned
+    assert worst(model, logits, spans) <= TOLERANCE
 
 
 @pytest.mark.compile
