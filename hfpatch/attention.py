@@ -126,7 +126,10 @@ def by_layout(original: Callable, kind: str, registry: Any = None) -> Callable:
                   **kwargs: Any) -> Any:  # fmt: skip
         function = own[kind] if kind in own else shared[kind]
         if attention_mask.__class__ is not Carrier:  # (never under compile: no carrier is made there)
-            if kind == "sdpa" and attention_mask.__class__ is Tensor and _is_layout(attention_mask, query):
+            laid = (
+                attention_mask.__class__ is Tensor and attention_mask.dtype is LAID_DTYPE
+            )  # (else: one test)
+            if laid and kind == "sdpa" and _is_layout(attention_mask, query):
                 return _compiled_by_sequence(
                     function, module, query, key, value, attention_mask, args, kwargs
                 )
@@ -157,15 +160,14 @@ def _laid_out(
 
 # --- compiled code: the layout as one tensor, and the kernels by sequence as one custom op ---------------
 
-LAID_DTYPE = (
-    torch.int64
-)  # a compiled layer type's mask: its layout, [batch, 5, 1, length] (SDPA takes no such mask)
+# a compiled layer type's mask: its layout, [batch, 5, 1, length] of this dtype (SDPA takes no such mask)
+LAID_DTYPE = torch.int64
 
 
 def _is_layout(mask: Tensor, query: Tensor) -> bool:
-    return (
-        mask.dim() == 4 and mask.shape[1] == 5 and mask.shape[2] == 1 and mask.shape[3] == query.shape[2] > 1
-    )
+    """An integer mask that is a compiled layout (:func:`compiled_layout`) of ``query``'s tokens."""
+    shape = mask.shape
+    return len(shape) == 4 and shape[1] == 5 and shape[2] == 1 and shape[3] == query.shape[2] > 1
 
 
 def compiled_layout(
