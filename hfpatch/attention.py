@@ -27,8 +27,6 @@ and a model of a module hfpatch does not patch never meets it.
 from __future__ import annotations
 
 import functools
-import threading
-import weakref
 from collections import ChainMap
 from collections.abc import Callable
 from typing import Any, NamedTuple, Optional
@@ -41,7 +39,7 @@ from .positions import window_mask
 
 __all__ = [
     "LAYOUT",
-    "OP",
+    "LAID_DTYPE",
     "RUNS",
     "ByLayout",
     "Carrier",
@@ -49,10 +47,10 @@ __all__ = [
     "carried",
     "Sequences",
     "by_layout",
+    "by_sequence",
     "carrier",
     "compiled_layout",
     "module_rows",
-    "sdpa_by_sequence",
 ]
 
 BY_SEQUENCE = ("sdpa", "eager")  # the attentions run one group of sequences at a time
@@ -155,7 +153,7 @@ def _laid_out(
         if mask.stride()[-2:] == (0, 0):  # a placeholder: the mask it stands for
             mask = layout.dense(None if kind == "sdpa" else query.dtype)
         return function(module, query, key, value, mask.as_subclass(Tensor), *args, **kwargs)
-    return _by_sequence(function, kind, module, query, key, value, layout, kwargs)
+    return by_sequence(function, kind, module, query, key, value, layout, kwargs)
 
 
 # --- compiled code: the layout as one tensor, and the kernels by sequence as one custom op ---------------
@@ -175,9 +173,10 @@ def compiled_layout(
 ) -> Tensor:
     """A compiled packed row's mask for one layer type: its layout in one ``[batch, 5, 1, length]`` integer
     tensor (the real tokens, each token's sequence, its position, the window, the chunk; -1: none), which
-    the module's SDPA by layout hands to :func:`sdpa_by_sequence` (a custom op, so that a traced graph
-    neither breaks nor depends on the lengths). Any attention that took it for a mask fails loudly: SDPA
-    takes no integer mask, and eager attention cannot index it as ``[batch, heads, queries, keys]``."""
+    the module's SDPA by layout hands to :func:`hfpatch.compiled.sdpa_by_sequence` (a custom op, so that a
+    traced graph neither breaks nor depends on the lengths). Any attention that took it for a mask fails
+    loudly: SDPA takes no integer mask, and eager attention cannot index it as ``[batch, heads, queries,
+    keys]``."""
     batch, length = real.shape
     parts = [
         real.long(),
@@ -193,8 +192,8 @@ def _compiled_by_sequence(
     function: Callable, module: Any, query: Tensor, key: Tensor, value: Tensor, layout: Tensor,
     args: tuple, kwargs: dict,
 ) -> Any:  # fmt: skip
-    """A compiled packed row's SDPA call: :func:`sdpa_by_sequence`; attention weights asked for, dropout
-    or positional extras: SDPA on the dense mask the layout stands for."""
+    """A compiled packed row's SDPA call: :func:`hfpatch.compiled.sdpa_by_sequence`; attention weights
+    asked for, dropout or positional extras: SDPA on the dense mask the layout stands for."""
     if (
         args
         or kwargs.get("output_attentions")
@@ -219,119 +218,7 @@ def _dense_of(layout: Tensor) -> Tensor:
     return allowed & (inside & same)[:, None]
 
 
-_READ = (
-    threading.local()
-)  # the last layout read in this thread: (its tensor, weakly; its version; what it says)
-
-
-def _read_layout(layout: Tensor) -> ByLayout:
-    """What a compiled layout says, read to the host once a call: every layer of a type is handed the same
-    tensor, so the read and the indices are made at its first layer and reused by the others."""
-    last = getattr(_READ, "last", None)
-    if last is not None and last[0]() is layout and last[1] == layout._version:
-        return last[2]
-    from .packed import Packed, sequences
-
-    host = layout[:, :, 0].cpu()
-    real, segment_ids, positions = host[:, 0] != 0, host[:, 1], host[:, 2]
-    window, chunk = (int(host[0, i, 0]) for i in (3, 4))
-    device = layout.device
-    packed = Packed(real.to(device), positions.to(device), segment_ids.to(device), (real, segment_ids))
-    found = ByLayout(sequences(packed), None if window < 0 else window, None if chunk < 0 else chunk)
-    _READ.last = (weakref.ref(layout), layout._version, found)
-    return found
-
-
-def _sdpa(
-    module: Any, query: Tensor, key: Tensor, value: Tensor, mask: Optional[Tensor],
-    scaling: Optional[float] = None, is_causal: bool = False, **_: Any,
-) -> tuple[Tensor, None]:  # fmt: skip
-    """Torch's SDPA in transformers' signature (``[batch, queries, heads, dim]`` out), key and value
-    heads repeated to the query's."""
-    groups = query.shape[1] // key.shape[1]
-    if groups > 1:
-        key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
-    out = torch.nn.functional.scaled_dot_product_attention(
-        query, key, value, attn_mask=mask, scale=scaling, is_causal=is_causal and mask is None
-    )
-    return out.transpose(1, 2).contiguous(), None
-
-
-def _run(query: Tensor, key: Tensor, value: Tensor, layout: Tensor, scale: Optional[float]) -> Tensor:
-    return _by_sequence(_sdpa, "sdpa", None, query, key, value, _read_layout(layout), {"scaling": scale})[0]
-
-
-def sdpa_by_sequence(
-    query: Tensor, key: Tensor, value: Tensor, layout: Tensor, scale: Optional[float]
-) -> Tensor:
-    """SDPA on each group of a packed row's sequences alone (:func:`_by_sequence`), its layout read from
-    ``layout`` (:func:`compiled_layout`): a custom op, outside the traced graph, so that one graph serves
-    every stream of lengths; ``[batch, length, heads, dim]`` out."""
-    return _run(query, key, value, layout, scale)
-
-
-def _sdpa_by_sequence_fake(
-    query: Tensor, key: Tensor, value: Tensor, layout: Tensor, scale: Optional[float]
-) -> Tensor:
-    batch, heads, length, _ = query.shape
-    return query.new_empty(batch, length, heads, value.shape[-1])
-
-
-def sdpa_by_sequence_backward(
-    grad: Tensor, query: Tensor, key: Tensor, value: Tensor, layout: Tensor, scale: Optional[float]
-) -> tuple[Tensor, Tensor, Tensor]:
-    """The gradients of :func:`sdpa_by_sequence`: its groups run again under autograd (which a custom op's
-    body runs without: put back for it, autocast left off), so each group's SDPA takes its own backward
-    (not a decomposition that would hold every group's attention weights)."""
-    include = torch._C._dispatch_tls_local_include_set()
-    exclude = torch._C._dispatch_tls_local_exclude_set().remove(torch._C.DispatchKey.AutogradFunctionality)
-    inputs = [t.detach().requires_grad_() for t in (query, key, value)]
-    with torch._C._ForceDispatchKeyGuard(include, exclude), torch.enable_grad():
-        out = _run(*inputs, layout, scale)
-        dq, dk, dv = torch.autograd.grad(out, inputs, grad)
-    return dq, dk, dv
-
-
-def _backward_fake(
-    grad: Tensor, query: Tensor, key: Tensor, value: Tensor, layout: Tensor, scale: Optional[float]
-) -> tuple[Tensor, Tensor, Tensor]:
-    return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
-
-
-def _setup(ctx: Any, inputs: tuple, output: Tensor) -> None:
-    query, key, value, layout, scale = inputs
-    ctx.save_for_backward(query, key, value, layout)
-    ctx.scale = scale
-
-
-def _backward(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
-    query, key, value, layout = ctx.saved_tensors
-    dq, dk, dv = torch.ops.hfpatch.sdpa_by_sequence_backward(grad, query, key, value, layout, ctx.scale)
-    return dq, dk, dv, None, None
-
-
-def _register() -> bool:
-    """Register the two custom ops (torch 2.4+; where another copy of hfpatch registered them first, its
-    ops stay and this copy's compiled packed rows stay dense): whether they are this copy's."""
-    if not (hasattr(torch.library, "custom_op") and hasattr(torch._C, "_ForceDispatchKeyGuard")):
-        return False
-    try:
-        forward = torch.library.custom_op("hfpatch::sdpa_by_sequence", mutates_args=())(sdpa_by_sequence)
-        backward = torch.library.custom_op("hfpatch::sdpa_by_sequence_backward", mutates_args=())(
-            sdpa_by_sequence_backward
-        )
-    except RuntimeError:
-        return False
-    forward.register_fake(_sdpa_by_sequence_fake)
-    backward.register_fake(_backward_fake)
-    forward.register_autograd(_backward, setup_context=_setup)
-    return True
-
-
-OP = _register()  # the compiled route: else a compiled packed row keeps the dense masks
-
-
-def _by_sequence(
+def by_sequence(
     original: Callable, kind: str, module: Any, query: Tensor, key: Tensor, value: Tensor, mask: ByLayout,
     kwargs: dict,
 ) -> tuple[Tensor, None]:  # fmt: skip

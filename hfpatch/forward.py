@@ -178,9 +178,7 @@ def make_forward(adapter: Adapter, original: Callable, plan: Plan, pin: Pin) -> 
             return call_with_positions(self, family, original, kwargs, derived[0] if derived else laid)
         if eager:
             return _with_eager_mask(original, self, kwargs)
-        if mixes and is_compiling() and isinstance(packed, Packed):
-            _states_not_kept_compiled(arch)  # (said while traced: a graph cannot run them by sequence)
-        elif mixes:
+        if mixes and not is_compiling():
             runs = call_runs(self, given, packed, derived, cache, kwargs, steps, trims)
             if runs is AS_STOCK:
                 return original(self, **given)
@@ -349,6 +347,10 @@ def given_masks(
     masks = plan.masks
     if PACKED[0]:
         found = packed_rows(kwargs, call_inputs(kwargs, plan.ids_rank))
+        if found is not None and plan.mixers and torch.compiler.is_compiling():
+            _states_not_kept_compiled(
+                adapter.arch
+            )  # (said while traced: a graph cannot run them by sequence)
         if found is not None and not adapter.family.attends and plan.mixers:
             return found  # (no attention: its state layers alone keep it, hfpatch.mixers)
         if found is not None:

@@ -36,7 +36,8 @@ import torch
 from . import caches
 from ._compat import cache_utils
 from ._context import patched_here
-from .attention import MAPPING, OP, ByLayout, carried, carrier, compiled_layout
+from .attention import MAPPING, ByLayout, carried, carrier, compiled_layout
+from .compiled import OP
 from .positions import cache_positions, keys_seen, sequence_lengths, window_mask
 from .sources import (
     attends_inline,

@@ -1,0 +1,129 @@
+"""A compiled packed row's attention by sequence: two custom ops (``hfpatch::sdpa_by_sequence`` and its
+backward) that the module's SDPA by layout (:mod:`hfpatch.attention`) hands a layer's query, key and value
+with the layout as one integer tensor (:func:`hfpatch.attention.compiled_layout`). Dynamo sees an op with
+the query's shape out, so a graph neither breaks nor depends on the sequences' lengths; the op runs the
+groups as eager mode does (:func:`hfpatch.attention.by_sequence`), reading the layout to the host once a
+call (at its first layer: every layer of a type is handed the same tensor). Registered once a process, at
+import (:data:`OP`: False before torch 2.4, or where another copy of hfpatch registered them first)."""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any, Optional
+
+import torch
+from torch import Tensor
+
+from .attention import ByLayout, by_sequence
+from .packed import Packed, sequences
+
+__all__ = ["OP", "sdpa_by_sequence", "sdpa_by_sequence_backward"]
+
+# the last layout read in this thread: (its tensor, weakly; its version; what it says)
+_READ = threading.local()
+
+
+def _read_layout(layout: Tensor) -> ByLayout:
+    """What a compiled layout says, read to the host once a call: every layer of a type is handed the same
+    tensor, so the read and the indices are made at its first layer and reused by the others."""
+    last = getattr(_READ, "last", None)
+    if last is not None and last[0]() is layout and last[1] == layout._version:
+        return last[2]
+    host = layout[:, :, 0].cpu()
+    real, segment_ids, positions = host[:, 0] != 0, host[:, 1], host[:, 2]
+    window, chunk = (int(host[0, i, 0]) for i in (3, 4))
+    device = layout.device
+    packed = Packed(real.to(device), positions.to(device), segment_ids.to(device), (real, segment_ids))
+    found = ByLayout(sequences(packed), None if window < 0 else window, None if chunk < 0 else chunk)
+    _READ.last = (weakref.ref(layout), layout._version, found)
+    return found
+
+
+def _sdpa(
+    module: Any, query: Tensor, key: Tensor, value: Tensor, mask: Optional[Tensor],
+    scaling: Optional[float] = None, is_causal: bool = False, **_: Any,
+) -> tuple[Tensor, None]:  # fmt: skip
+    """Torch's SDPA in transformers' signature (``[batch, queries, heads, dim]`` out), key and value
+    heads repeated to the query's."""
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:
+        key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, scale=scaling, is_causal=is_causal and mask is None
+    )
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _run(query: Tensor, key: Tensor, value: Tensor, layout: Tensor, scale: Optional[float]) -> Tensor:
+    return by_sequence(_sdpa, "sdpa", None, query, key, value, _read_layout(layout), {"scaling": scale})[0]
+
+
+def sdpa_by_sequence(
+    query: Tensor, key: Tensor, value: Tensor, layout: Tensor, scale: Optional[float]
+) -> Tensor:
+    """SDPA on each group of a packed row's sequences alone (:func:`by_sequence`), its layout read from
+    ``layout`` (:func:`compiled_layout`): a custom op, outside the traced graph, so that one graph serves
+    every stream of lengths; ``[batch, length, heads, dim]`` out."""
+    return _run(query, key, value, layout, scale)
+
+
+def _sdpa_by_sequence_fake(
+    query: Tensor, key: Tensor, value: Tensor, layout: Tensor, scale: Optional[float]
+) -> Tensor:
+    batch, heads, length, _ = query.shape
+    return query.new_empty(batch, length, heads, value.shape[-1])
+
+
+def sdpa_by_sequence_backward(
+    grad: Tensor, query: Tensor, key: Tensor, value: Tensor, layout: Tensor, scale: Optional[float]
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The gradients of :func:`sdpa_by_sequence`: its groups run again under autograd (which a custom op's
+    body runs without: put back for it, autocast left off), so each group's SDPA takes its own backward
+    (not a decomposition that would hold every group's attention weights)."""
+    include = torch._C._dispatch_tls_local_include_set()
+    exclude = torch._C._dispatch_tls_local_exclude_set().remove(torch._C.DispatchKey.AutogradFunctionality)
+    inputs = [t.detach().requires_grad_() for t in (query, key, value)]
+    with torch._C._ForceDispatchKeyGuard(include, exclude), torch.enable_grad():
+        out = _run(*inputs, layout, scale)
+        dq, dk, dv = torch.autograd.grad(out, inputs, grad)
+    return dq, dk, dv
+
+
+def _backward_fake(
+    grad: Tensor, query: Tensor, key: Tensor, value: Tensor, layout: Tensor, scale: Optional[float]
+) -> tuple[Tensor, Tensor, Tensor]:
+    return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
+
+
+def _setup(ctx: Any, inputs: tuple, output: Tensor) -> None:
+    query, key, value, layout, scale = inputs
+    ctx.save_for_backward(query, key, value, layout)
+    ctx.scale = scale
+
+
+def _backward(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
+    query, key, value, layout = ctx.saved_tensors
+    dq, dk, dv = torch.ops.hfpatch.sdpa_by_sequence_backward(grad, query, key, value, layout, ctx.scale)
+    return dq, dk, dv, None, None
+
+
+def _register() -> bool:
+    """Register the two custom ops (torch 2.4+; where another copy of hfpatch registered them first, its
+    ops stay and this copy's compiled packed rows stay dense): whether they are this copy's."""
+    if not (hasattr(torch.library, "custom_op") and hasattr(torch._C, "_ForceDispatchKeyGuard")):
+        return False
+    try:
+        forward = torch.library.custom_op("hfpatch::sdpa_by_sequence", mutates_args=())(sdpa_by_sequence)
+        backward = torch.library.custom_op("hfpatch::sdpa_by_sequence_backward", mutates_args=())(
+            sdpa_by_sequence_backward
+        )
+    except RuntimeError:
+        return False
+    forward.register_fake(_sdpa_by_sequence_fake)
+    backward.register_fake(_backward_fake)
+    forward.register_autograd(_backward, setup_context=_setup)
+    return True
+
+
+OP = _register()  # the compiled route: else a compiled packed row keeps the dense masks
