@@ -18,7 +18,7 @@ import hfpatch
 from hfpatch.forward import STATES_COMPILED
 from hfpatch.verification.tiny import tiny_config
 
-from conftest import TF, arch_skip_reason
+from conftest import TF, arch_skip_reason, reverted
 from harness import TOLERANCE, VOCAB
 
 LENGTHS = (300, 41, 180, 257, 96, 1, 149, 256)  # 1,280 tokens in one row
@@ -196,11 +196,20 @@ def test_compiled_packed_rows_of_each_kind(arch, fresh_warnings):
         )
     model = tiny(arch, "sdpa")
     kwargs, spans = pack([list(SEQUENCES)], mask=False)
-    torch._dynamo.reset()
+    with (
+        reverted(),
+        torch.no_grad(),
+    ):  # (stock's own code may not compile: Bamba's on 4.57 branches on a value)
+        try:
+            torch.compile(model, fullgraph=True, backend="eager")(**kwargs, use_cache=False)
+        except torch._dynamo.exc.TorchDynamoException as exc:
+            pytest.skip(f"stock transformers {TF} does not compile {arch} with fullgraph=True: {exc}"[:300])
+        finally:
+            torch._dynamo.reset()
     try:
         with torch.no_grad(), warnings.catch_warnings(record=True) as said:
             warnings.simplefilter("always")
-            logits = torch.compile(model, fullgraph=True, backend="eager")(**kwargs).logits
+            logits = torch.compile(model, fullgraph=True, backend="eager")(**kwargs, use_cache=False).logits
     finally:
         torch._dynamo.reset()
     warned = [str(w.message) for w in said if str(w.message).startswith("hfpatch")]
