@@ -331,3 +331,19 @@ def test_the_attention_functions_are_the_modules_own():
         assert module.ALL_ATTENTION_FUNCTIONS is registry
     finally:
         hfpatch.apply()
+
+
+@pytest.mark.parametrize("window, chunk", [(None, None), (3, None), (None, 4)])
+def test_a_compiled_layouts_dense_fallback_is_the_eager_layouts_mask(window, chunk):
+    """Where the compiled op cannot take a call (attention weights asked for, dropout), SDPA gets the dense
+    mask the compiled layout stands for: the eager layout's own, window and chunk by position alike."""
+    from hfpatch.attention import ByLayout, _dense_of, compiled_layout
+    from hfpatch.packed import Packed, sequences
+    from hfpatch.positions import segments
+
+    positions = torch.tensor([[0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1], [*range(12), 0, 0, 0, 0]])
+    real = torch.ones(2, 16, dtype=torch.bool)
+    real[1, 12:] = False
+    segment_ids = segments(positions, real.long())
+    eager = ByLayout(sequences(Packed(real, positions, segment_ids, (real, segment_ids))), window, chunk)
+    assert torch.equal(_dense_of(compiled_layout(real, segment_ids, positions, window, chunk)), eager.dense())
