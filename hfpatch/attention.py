@@ -265,7 +265,10 @@ class Carrier(Tensor):
 
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = super().__torch_function__(func, types, args, kwargs or {})
+        kwargs = kwargs or {}
+        if func is _SDPA:  # a module that calls SDPA itself, handed a layout (4.38-4.47's attention classes)
+            return _inline(args, kwargs)
+        out = super().__torch_function__(func, types, args, kwargs)
         if isinstance(out, Carrier):
             for key in (LAYOUT, RUNS):
                 if out.__dict__.get(key) is None:
@@ -273,6 +276,48 @@ class Carrier(Tensor):
                     if rider is not None:
                         out.__dict__[key] = rider
         return out
+
+
+_SDPA = torch.nn.functional.scaled_dot_product_attention
+_SDPA_NAMES = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale")
+_SDPA_TAKEN = {"dropout_p", "is_causal", "scale", "enable_gqa"}  # (what a call by sequence hands on)
+
+
+def _inline(args: tuple, kwargs: dict) -> Tensor:
+    """``scaled_dot_product_attention`` called by a module's own code with a mask that carries a layout:
+    by sequence where the call is the row's (``[batch, heads, length, dim]`` in and out, as SDPA's), else
+    SDPA on the dense mask it stands for. The output is a plain tensor."""
+    given = dict(zip(_SDPA_NAMES, args), **kwargs)
+    query, key, value = (given.pop(name) for name in ("query", "key", "value"))
+    mask = given.pop("attn_mask")
+    layout = mask.__dict__.get(LAYOUT) if mask.__class__ is Carrier else None
+    if layout is not None:
+        batch, length = layout.sequences.shape
+        fits = query.shape[0] == batch and query.shape[2] == length == key.shape[2]
+        if fits and not given.get("is_causal") and set(given) <= _SDPA_TAKEN:
+            extra = {"dropout": given.get("dropout_p", 0.0), "scaling": given.get("scale")}
+            if given.get("enable_gqa"):  # (transformers' SDPA function hands grouped keys on as they are)
+                extra["enable_gqa"] = True
+            out, _ = by_sequence(_sdpa_call, "sdpa", None, query, key, value, layout, extra)
+            return out.transpose(1, 2)
+        if mask.stride()[-2:] == (0, 0):  # a placeholder: the mask it stands for
+            mask = layout.dense()
+    plain = [t.as_subclass(Tensor) if isinstance(t, Tensor) else t for t in (query, key, value, mask)]
+    with torch._C.DisableTorchFunctionSubclass():
+        return _SDPA(*plain, **given)
+
+
+def _sdpa_call(
+    module: Any, query: Tensor, key: Tensor, value: Tensor, attention_mask: Optional[Tensor],
+    dropout: float = 0.0, scaling: Optional[float] = None, is_causal: bool = False, **extra: Any,
+) -> tuple[Tensor, None]:  # fmt: skip
+    """torch's SDPA in transformers' attention-function form (what :func:`by_sequence` runs each group
+    on): ``[batch, heads, length, dim]`` in, ``[batch, length, heads, dim]`` out."""
+    out = _SDPA(
+        query, key, value, attn_mask=attention_mask, dropout_p=dropout, is_causal=is_causal, scale=scaling,
+        **extra,
+    )  # fmt: skip
+    return out.transpose(1, 2), None
 
 
 def carried(mask: Tensor, rider: Any, key: str = LAYOUT) -> Tensor:

@@ -43,18 +43,25 @@ class Largest(TorchDispatchMode):
         return out
 
 
-# where a model's mask code is masking_utils' (which passes a mask through as given): 4.53, GPT-2's 4.54.1
-MASK_FUNCTIONS_FROM = {"gpt2": "4.54.1"}
+# where the layout reaches the attention (a mask code that passes a mask through as given): SDPA from 4.38
+# (4.38-4.47's attention classes call it themselves), eager attention from 4.48 (the module's attention
+# functions); GPT-2's mask code takes a 4-D mask from 4.52
+LAID_OUT_FROM = {"sdpa": "4.38", "eager": "4.48"}
+OWN_MASK_CODE_UNTIL = {"gpt2": "4.52"}
+# compiled (the layout as data) and flex attention (a BlockMask): where the mask code is masking_utils'
+MASKING_UTILS_FROM = {"gpt2": "4.54.1"}
 
 
-def model_of(arch: str, attention: str, **extra):
+def model_of(arch: str, attention: str, masking_utils: bool = False, **extra):
     import transformers
 
     if arch_skip_reason(arch):
         pytest.skip(arch_skip_reason(arch))
-    since = MASK_FUNCTIONS_FROM.get(arch, "4.53")
-    if TF < Version(since):
-        pytest.skip(f"the layout reaches the attention where the mask code passes a mask through ({since}+)")
+    since = max(Version(LAID_OUT_FROM.get(attention, "4.53")), Version(OWN_MASK_CODE_UNTIL.get(arch, "0")))
+    if masking_utils or attention not in LAID_OUT_FROM:
+        since = max(since, Version(MASKING_UTILS_FROM.get(arch, "4.53")))
+    if TF < since:
+        pytest.skip(f"the layout reaches {arch}'s {attention} attention from {since}")
     sizes = {"attention_dropout": 0.0, "max_position_embeddings": 1024, "n_positions": 1024, **extra}
     config = tiny_config(arch, sizes)
     config._attn_implementation = attention
@@ -151,7 +158,7 @@ def test_a_stream_of_packed_rows_compiles_two_graphs(arch):
     second one with a dynamic length, and no other compiles (the layout reaches the attention as data, for
     a custom op that runs the sequences: hfpatch.attention.sdpa_by_sequence); each sequence exact against
     itself alone, and nothing in the first graph as large as a mask of the row (Mistral: its window)."""
-    model = model_of(arch, "sdpa", **({"sliding_window": 4} if arch == "mistral" else {}))
+    model = model_of(arch, "sdpa", True, **({"sliding_window": 4} if arch == "mistral" else {}))
     torch._dynamo.reset()
     graphs = Graphs()
     compiled = torch.compile(model, fullgraph=True, backend=graphs)
@@ -226,7 +233,7 @@ def test_compiled_packed_rows_of_each_kind(arch, fresh_warnings):
 def test_a_compiled_packed_training_step_is_its_sequences_own():
     """A packed training step compiled by inductor (its backward too): the loss and every gradient those of
     the sequences run alone, each in a call of its own, on stock transformers."""
-    model = model_of("llama", "sdpa")
+    model = model_of("llama", "sdpa", True)
     model.train()
     lengths = (5, 9, 3, 7)
     rows = rows_of(lengths)
