@@ -4,19 +4,22 @@ functions (transformers' documented per-model override), never the process-wide 
 A call whose rows pack several sequences (or an unpadded call's packed row) hands its attention layers
 the row's layout, :class:`Sequences` (its real tokens grouped by sequence, computed once a call by
 :func:`hfpatch.packed.sequences`), on each layer type's mask (a :class:`ByLayout` riding on a
-:class:`Carrier`, the tensor subclass that keeps it through the ops a mask goes through): where the mask
-code takes a mask as it is given (4.53+), the mask is a placeholder of ``-inf`` that holds nothing
-(:func:`carrier`: a ``[batch, 1, length, length]`` view of one element, so that an attention that
-ignored the layout would give NaN, never a quiet wrong number); elsewhere the mask by sequence itself
-carries it (:func:`carried`). Each patched modeling module gets two rows (:func:`module_rows`):
+:class:`Carrier`, the tensor subclass that keeps it through the ops a mask goes through): a placeholder
+of ``-inf`` that holds nothing (:func:`carrier`: a ``[batch, 1, length, length]`` view of one element, so
+that an attention that ignored the layout would give NaN, never a quiet wrong number), which the mask
+code hands on as given (masking_utils' functions, 4.53+; before, an ``_update_causal_mask`` hfpatch
+patches to do so). Each patched modeling module with attention functions (4.48+) gets two rows
+(:func:`module_rows`):
 
 - its ``ALL_ATTENTION_FUNCTIONS`` name: an attention interface of its own (a new ``AttentionInterface``,
   as transformers documents for a module that overrides an attention), whose ``sdpa`` entry is by layout
   (:func:`by_layout`) over the SDPA function registered at each call; every other entry is transformers';
 - its ``eager_attention_forward`` (the eager default its attention classes fall back on), by layout too.
 
-A function by layout given a carrier runs SDPA or eager attention on each group of sequences of similar
-length alone (a ``[sequences, heads, longest, dim]`` batch; its mask the one rule's,
+A module whose attention classes call SDPA themselves (4.39-4.47, and a few after) meets the carrier in
+``scaled_dot_product_attention``, which the carrier takes over (:class:`Carrier`: by sequence, a plain
+tensor out). A function by layout given a carrier runs SDPA or eager attention on each group of
+sequences of similar length alone (a ``[sequences, heads, longest, dim]`` batch; its mask the one rule's,
 :func:`hfpatch.positions.window_mask`, over the group's own tokens and positions: causal, windows and
 chunks by position, none at all for plain SDPA), and puts the outputs back in the row. Attention weights
 asked for, or shapes that are not the row's: the dense mask the layout stands for. Given any other mask
@@ -261,7 +264,8 @@ class Carrier(Tensor):
     """A mask whose rider (a placeholder's layout, :func:`carrier`; a state layers' sequences,
     :data:`RUNS`) follows it through the tensor ops a mask may go through on its way to a layer: a
     reentrant checkpoint's ``detach()`` of the layer's inputs (torch's ``checkpoint_wrapper``), a hook's
-    ``.to(device)`` (accelerate's), a slice."""
+    ``.to(device)`` (accelerate's), a slice. ``scaled_dot_product_attention`` given a layout runs by
+    sequence (:func:`_inline`)."""
 
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:

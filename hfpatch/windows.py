@@ -36,7 +36,7 @@ import torch
 from . import caches
 from ._compat import cache_utils
 from ._context import patched_here
-from .attention import MAPPING, ByLayout, Carrier, carried, carrier, compiled_layout
+from .attention import MAPPING, ByLayout, Carrier, carrier, compiled_layout
 from .compiled import OP
 from .positions import cache_positions, keys_seen, sequence_lengths, window_mask
 from .sources import (
@@ -380,8 +380,6 @@ def apply_masks(
             padded, slots, keys, *(size or (None, None)), positions=positions, segment_ids=segment_ids
         )
         masks[kind] = _as_model_takes(allowed, plan, attention, model.dtype)
-    if packed is not None and plan.by_layout and used.takes == DENSE and attention == "sdpa" and eager_mode:
-        _by_sequence(masks, windows, packed)  # (the module's SDPA runs it by sequence where it carries it)
     kwargs["attention_mask"] = _handed(masks, named, types, plan, mask[:, -num_new:])
     return None
 
@@ -439,16 +437,6 @@ def _by_lengths(kwargs: dict, packed: Any) -> Optional[str]:
         cu_seq_lens_q=cu_seq_lens, cu_seq_lens_k=cu_seq_lens, max_length_q=longest, max_length_k=longest
     )
     return None
-
-
-def _by_sequence(masks: dict, windows: dict, packed: Any) -> None:
-    """Let SDPA run each packed sequence on its own where the mask code takes no layout (the module's
-    SDPA function, :mod:`hfpatch.attention`): the dense masks carry the sequences' layout."""
-    from .packed import sequences
-
-    laid = sequences(packed)
-    for kind, size in windows.items():  # (windows too: each group's mask is the rule's over its tokens)
-        masks[kind] = carried(masks[kind], ByLayout(laid, *(size or (None, None))))
 
 
 def whole_cache(

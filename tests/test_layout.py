@@ -19,6 +19,7 @@ from hfpatch.forward import STATES_COMPILED
 from hfpatch.verification.tiny import tiny_config
 
 from conftest import TF, arch_skip_reason, reverted
+from expectations import PACKED_FROM
 from harness import TOLERANCE, VOCAB
 
 LENGTHS = (300, 41, 180, 257, 96, 1, 149, 256)  # 1,280 tokens in one row
@@ -43,11 +44,10 @@ class Largest(TorchDispatchMode):
         return out
 
 
-# where the layout reaches the attention (a mask code that passes a mask through as given): SDPA from 4.38
-# (4.38-4.47's attention classes call it themselves), eager attention from 4.48 (the module's attention
-# functions); GPT-2's mask code takes a 4-D mask from 4.52
-LAID_OUT_FROM = {"sdpa": "4.38", "eager": "4.48"}
-OWN_MASK_CODE_UNTIL = {"gpt2": "4.52"}
+# where the layout reaches the attention, in a release that keeps the model's packed rows (PACKED_FROM):
+# SDPA from the first (4.39-4.47's attention classes call it themselves), eager attention from 4.48 (the
+# module's attention functions)
+LAID_OUT_FROM = {"sdpa": "4.39", "eager": "4.48"}
 # compiled (the layout as data) and flex attention (a BlockMask): where the mask code is masking_utils'
 MASKING_UTILS_FROM = {"gpt2": "4.54.1"}
 
@@ -57,7 +57,7 @@ def model_of(arch: str, attention: str, masking_utils: bool = False, **extra):
 
     if arch_skip_reason(arch):
         pytest.skip(arch_skip_reason(arch))
-    since = max(Version(LAID_OUT_FROM.get(attention, "4.53")), Version(OWN_MASK_CODE_UNTIL.get(arch, "0")))
+    since = max(Version(LAID_OUT_FROM.get(attention, "4.53")), Version(PACKED_FROM.get(arch, "0")))
     if masking_utils or attention not in LAID_OUT_FROM:
         since = max(since, Version(MASKING_UTILS_FROM.get(arch, "4.53")))
     if TF < since:
