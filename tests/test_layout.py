@@ -16,6 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import hfpatch
 from hfpatch.forward import STATES_COMPILED
+from hfpatch.packed import sequences
 from hfpatch.verification.tiny import tiny_config
 
 from conftest import TF, arch_skip_reason, reverted
@@ -179,6 +180,38 @@ def test_a_stream_of_packed_rows_compiles_two_graphs(arch):
     finally:
         torch._dynamo.reset()
     assert graphs.count <= 2, graphs.count
+
+
+@pytest.mark.compile
+def test_a_compiled_call_reads_each_layer_types_layout_once(monkeypatch):
+    """A compiled packed row of a model whose layer types alternate (sliding, full, sliding, full): the
+    custom op reads each type's layout to the host once a call, however the types alternate, and the
+    sequences are exact against themselves alone."""
+    from hfpatch import compiled as route
+
+    model = model_of(
+        "gemma3_text", "sdpa", True, num_hidden_layers=4, sliding_window=3,
+        layer_types=["sliding_attention", "full_attention"] * 2,
+    )  # fmt: skip
+    if getattr(model.config, "layer_types", None) != ["sliding_attention", "full_attention"] * 2:
+        pytest.skip(f"gemma3_text takes no layer_types in transformers {TF}")
+    reads = []
+    monkeypatch.setattr(route, "sequences", lambda packed: reads.append(1) or sequences(packed))
+    lengths = (9, 4, 12, 6)
+    rows = rows_of(lengths)
+    kwargs = {
+        "input_ids": torch.tensor([sum(rows, [])]),
+        "position_ids": torch.cat([torch.arange(n) for n in lengths])[None],
+    }
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad():
+            logits = torch.compile(model, fullgraph=True, backend="eager")(**kwargs).logits[0]
+    finally:
+        torch._dynamo.reset()
+    for row, out in zip(rows, logits.split(list(lengths))):
+        assert (out - alone(model, row)).abs().max() <= TOLERANCE
+    assert len(reads) == 2, len(reads)  # (one a layer type: was one a switch, 4 here)
 
 
 # one of each kind a compiled packed row meets: layer types with windows, a window on every layer,
