@@ -297,7 +297,7 @@ def _inline(args: tuple, kwargs: dict) -> Tensor:
     layout = mask.__dict__.get(LAYOUT) if mask.__class__ is Carrier else None
     if layout is not None:
         batch, length = layout.sequences.shape
-        fits = query.shape[0] == batch and query.shape[2] == length == key.shape[2]
+        fits = query.shape[0] == batch and query.shape[2] == length and key.shape[2] == length
         if fits and not given.get("is_causal") and set(given) <= _SDPA_TAKEN:
             extra = {"dropout": given.get("dropout_p", 0.0), "scaling": given.get("scale")}
             if given.get("enable_gqa"):  # (transformers' SDPA function hands grouped keys on as they are)
