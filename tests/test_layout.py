@@ -12,6 +12,7 @@ import warnings
 import pytest
 import torch
 from packaging.version import Version
+from test_packed import tensors_in
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import hfpatch
@@ -113,9 +114,11 @@ def test_no_tensor_is_length_by_length(arch, attention, extra, layout):
             hfpatch.apply(unpad=True)
         try:
             with Largest() as seen:
-                logits = model(**kwargs, use_cache=False).logits
+                out = model(**kwargs, use_cache=False)
         finally:
             hfpatch.apply(unpad=False)
+    logits = out.logits
+    assert {type(t) for t in tensors_in(out)} == {torch.Tensor}  # (never hfpatch's mask carrier)
     if layout == "packed":
         got = list(logits[0].split(list(LENGTHS)))
     else:
