@@ -266,7 +266,7 @@ class GivenMask:
     anything else goes to the class's own."""
 
     def __init__(self, original: Any, pin: Any, any_4d: bool) -> None:
-        self.original = original
+        self.original = self.__wrapped__ = original  # (its code is read through it: hfpatch.sources)
         self.pin = pin
         self.any_4d = any_4d
 
