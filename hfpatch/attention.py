@@ -270,7 +270,7 @@ class Carrier(Tensor):
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        if func is _SDPA:  # a module that calls SDPA itself, handed a layout (4.38-4.47's attention classes)
+        if func is _SDPA:  # a module that calls SDPA itself, handed a layout (4.39-4.47's attention classes)
             return _inline(args, kwargs)
         out = super().__torch_function__(func, types, args, kwargs)
         if isinstance(out, Carrier):

@@ -183,7 +183,7 @@ class MaskPlan(NamedTuple):
     # in eager mode a packed row's layout reaches its attention as the mask (a placeholder that carries it:
     # hfpatch.attention): its mask code passes a 4-D mask on as given (masking_utils'; an
     # ``_update_causal_mask``, patched to pass the placeholder: :class:`GivenMask`), and its attention runs
-    # by layout (its own attention functions) or calls SDPA itself (4.38-4.47: SDPA attention only)
+    # by layout (its own attention functions) or calls SDPA itself (4.39-4.47: SDPA attention only)
     laid_out: bool = False
 
     @property
