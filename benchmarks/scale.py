@@ -173,6 +173,30 @@ def compiled_at_length(arch: str = "llama") -> list[str]:
     return out
 
 
+def on_this_release(arch: str = "llama") -> list[str]:
+    """The rows a release before 4.53 is asked (``--release``: run under that release): 8k and 16k tokens,
+    SDPA and eager, packed and unpadded, a training step, an A/A row."""
+    out = []
+    for sequences, length in ((8, 1024), (8, 2048)):
+        tokens = sequences * length
+        for attention in ("sdpa", "eager") if length <= 1024 else ("sdpa",):  # (eager before 4.48: dense)
+            shape = (arch, attention, sequences, length)
+            ours, own = _pair(("packed", *shape), ("own", *shape))
+            out.append(_row(f"packed row, {sequences} x {length:,}", tokens, attention, ours, own))
+        shape = (arch, "sdpa", sequences, length)
+        out.append(_row(f"stock's packed row (leaks), {sequences} x {length:,}", tokens, "sdpa",
+                        _run("stock", *shape), _run("own", *shape)))  # fmt: skip
+        ours, alone = _pair(("unpad", *shape), ("alone", *shape))
+        label = f"`unpad=True`, {sequences} rows of {tokens:,} slots (one full, the others {length:,})"
+        out.append(_row(label, tokens, "sdpa", ours, alone))
+    shape = (arch, "sdpa", 8, 1024, 1)
+    ours, own = _pair(("packed", *shape), ("own", *shape))
+    out.append(_row("training step, packed 8 x 1,024", 8192, "sdpa", ours, own))
+    control = _pair(("own", arch, "sdpa", 8, 1024), ("own", arch, "sdpa", 8, 1024))
+    out.append(_row("A/A: own vs own, 8 x 1,024", 8192, "sdpa", *control))
+    return out
+
+
 SECTIONS = {
     "## A packed row at length: time and memory against the sequences' own run": (
         [
@@ -212,5 +236,11 @@ if __name__ == "__main__":
         what, arch, attention, sequences, length, *flags = sys.argv[2:]
         train, compiled = (bool(int(flag)) for flag in (*flags, "0", "0")[:2])
         print(json.dumps(measure(what, arch, attention, int(sequences), int(length), train, compiled)))
+    elif sys.argv[1:2] == ["--release"]:  # the rows of an older release, run under it
+        import transformers
+
+        header = SECTIONS[next(iter(SECTIONS))][0][-2:]
+        print(f"transformers {transformers.__version__}\n")
+        print("\n".join(header + on_this_release()))
     else:
         print("\n".join(SECTIONS[next(iter(SECTIONS))][0] + at_length()))

@@ -4,19 +4,22 @@ functions (transformers' documented per-model override), never the process-wide 
 A call whose rows pack several sequences (or an unpadded call's packed row) hands its attention layers
 the row's layout, :class:`Sequences` (its real tokens grouped by sequence, computed once a call by
 :func:`hfpatch.packed.sequences`), on each layer type's mask (a :class:`ByLayout` riding on a
-:class:`Carrier`, the tensor subclass that keeps it through the ops a mask goes through): where the mask
-code takes a mask as it is given (4.53+), the mask is a placeholder of ``-inf`` that holds nothing
-(:func:`carrier`: a ``[batch, 1, length, length]`` view of one element, so that an attention that
-ignored the layout would give NaN, never a quiet wrong number); elsewhere the mask by sequence itself
-carries it (:func:`carried`). Each patched modeling module gets two rows (:func:`module_rows`):
+:class:`Carrier`, the tensor subclass that keeps it through the ops a mask goes through): a placeholder
+of ``-inf`` that holds nothing (:func:`carrier`: a ``[batch, 1, length, length]`` view of one element, so
+that an attention that ignored the layout would give NaN, never a quiet wrong number), which the mask
+code hands on as given (masking_utils' functions, 4.53+; before, an ``_update_causal_mask`` hfpatch
+patches to do so). Each patched modeling module with attention functions (4.48+) gets two rows
+(:func:`module_rows`):
 
 - its ``ALL_ATTENTION_FUNCTIONS`` name: an attention interface of its own (a new ``AttentionInterface``,
   as transformers documents for a module that overrides an attention), whose ``sdpa`` entry is by layout
   (:func:`by_layout`) over the SDPA function registered at each call; every other entry is transformers';
 - its ``eager_attention_forward`` (the eager default its attention classes fall back on), by layout too.
 
-A function by layout given a carrier runs SDPA or eager attention on each group of sequences of similar
-length alone (a ``[sequences, heads, longest, dim]`` batch; its mask the one rule's,
+A module whose attention classes call SDPA themselves (4.39-4.47, and a few after) meets the carrier in
+``scaled_dot_product_attention``, which the carrier takes over (:class:`Carrier`: by sequence, a plain
+tensor out). A function by layout given a carrier runs SDPA or eager attention on each group of
+sequences of similar length alone (a ``[sequences, heads, longest, dim]`` batch; its mask the one rule's,
 :func:`hfpatch.positions.window_mask`, over the group's own tokens and positions: causal, windows and
 chunks by position, none at all for plain SDPA), and puts the outputs back in the row. Attention weights
 asked for, or shapes that are not the row's: the dense mask the layout stands for. Given any other mask
@@ -261,11 +264,15 @@ class Carrier(Tensor):
     """A mask whose rider (a placeholder's layout, :func:`carrier`; a state layers' sequences,
     :data:`RUNS`) follows it through the tensor ops a mask may go through on its way to a layer: a
     reentrant checkpoint's ``detach()`` of the layer's inputs (torch's ``checkpoint_wrapper``), a hook's
-    ``.to(device)`` (accelerate's), a slice."""
+    ``.to(device)`` (accelerate's), a slice. ``scaled_dot_product_attention`` given a layout runs by
+    sequence (:func:`_inline`)."""
 
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = super().__torch_function__(func, types, args, kwargs or {})
+        kwargs = kwargs or {}
+        if func is _SDPA:  # a module that calls SDPA itself, handed a layout (4.39-4.47's attention classes)
+            return _inline(args, kwargs)
+        out = super().__torch_function__(func, types, args, kwargs)
         if isinstance(out, Carrier):
             for key in (LAYOUT, RUNS):
                 if out.__dict__.get(key) is None:
@@ -273,6 +280,48 @@ class Carrier(Tensor):
                     if rider is not None:
                         out.__dict__[key] = rider
         return out
+
+
+_SDPA = torch.nn.functional.scaled_dot_product_attention
+_SDPA_NAMES = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale")
+_SDPA_TAKEN = {"dropout_p", "is_causal", "scale", "enable_gqa"}  # (what a call by sequence hands on)
+
+
+def _inline(args: tuple, kwargs: dict) -> Tensor:
+    """``scaled_dot_product_attention`` called by a module's own code with a mask that carries a layout:
+    by sequence where the call is the row's (``[batch, heads, length, dim]`` in and out, as SDPA's), else
+    SDPA on the dense mask it stands for. The output is a plain tensor."""
+    given = dict(zip(_SDPA_NAMES, args), **kwargs)
+    query, key, value = (given.pop(name) for name in ("query", "key", "value"))
+    mask = given.pop("attn_mask")
+    layout = mask.__dict__.get(LAYOUT) if mask.__class__ is Carrier else None
+    if layout is not None:
+        batch, length = layout.sequences.shape
+        fits = query.shape[0] == batch and query.shape[2] == length and key.shape[2] == length
+        if fits and not given.get("is_causal") and set(given) <= _SDPA_TAKEN:
+            extra = {"dropout": given.get("dropout_p", 0.0), "scaling": given.get("scale")}
+            if given.get("enable_gqa"):  # (transformers' SDPA function hands grouped keys on as they are)
+                extra["enable_gqa"] = True
+            out, _ = by_sequence(_sdpa_call, "sdpa", None, query, key, value, layout, extra)
+            return out.transpose(1, 2)
+        if mask.stride()[-2:] == (0, 0):  # a placeholder: the mask it stands for
+            mask = layout.dense()
+    plain = [t.as_subclass(Tensor) if isinstance(t, Tensor) else t for t in (query, key, value, mask)]
+    with torch._C.DisableTorchFunctionSubclass():
+        return _SDPA(*plain, **given)
+
+
+def _sdpa_call(
+    module: Any, query: Tensor, key: Tensor, value: Tensor, attention_mask: Optional[Tensor],
+    dropout: float = 0.0, scaling: Optional[float] = None, is_causal: bool = False, **extra: Any,
+) -> tuple[Tensor, None]:  # fmt: skip
+    """torch's SDPA in transformers' attention-function form (what :func:`by_sequence` runs each group
+    on): ``[batch, heads, length, dim]`` in, ``[batch, length, heads, dim]`` out."""
+    out = _SDPA(
+        query, key, value, attn_mask=attention_mask, dropout_p=dropout, is_causal=is_causal, scale=scaling,
+        **extra,
+    )  # fmt: skip
+    return out.transpose(1, 2), None
 
 
 def carried(mask: Tensor, rider: Any, key: str = LAYOUT) -> Tensor:

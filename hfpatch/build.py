@@ -50,7 +50,7 @@ from .patches import ABSENT, Patch
 from .plans import read_plan
 from .rope import per_row_forward, rotary_classes
 from .unpad import causal_lm_head, gate
-from .windows import GivenMask
+from .windows import MASK_FUNCTIONS, GivenMask
 
 __all__ = ["CHECKPOINT_FUNCTION", "build"]
 
@@ -102,11 +102,11 @@ def build(adapter: Adapter, module: Any, pin: Pin) -> tuple[Patch, ...]:
     if plan.eager_mask_attr is not None:
         name = plan.eager_mask_attr
         rows.append(Patch(owner, name, owner.__dict__.get(name, ABSENT), SdpaSwitch(name)))
-    if plan.masks is not None and plan.masks.given:  # (a 4-D mask it would ignore: taken as given)
-        name = "_update_causal_mask"
-        rows.append(
-            Patch(owner, name, owner.__dict__.get(name, ABSENT), GivenMask(getattr(owner, name), pin))
-        )
+    masks = plan.masks
+    if masks is not None and masks.form != MASK_FUNCTIONS and (masks.laid_out or masks.given):
+        name = "_update_causal_mask"  # (a packed row's layout passed on; a 4-D mask it would ignore taken)
+        given = GivenMask(getattr(owner, name), pin, masks.given)
+        rows.append(Patch(owner, name, owner.__dict__.get(name, ABSENT), given))
     shared = (caches.recording_requested_lengths(), recording_generated_masks())
     rows.extend(row for row in shared if row is not None)  # (every adapter's: the ledger counts them)
     if keeps:  # its module's attention functions, by sequence where a packed row's layout reaches them

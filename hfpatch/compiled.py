@@ -3,8 +3,9 @@ backward) that the module's SDPA by layout (:mod:`hfpatch.attention`) hands a la
 with the layout as one integer tensor (:func:`hfpatch.attention.compiled_layout`). Dynamo sees an op with
 the query's shape out, so a graph neither breaks nor depends on the sequences' lengths; the op runs the
 groups as eager mode does (:func:`hfpatch.attention.by_sequence`), reading the layout to the host once a
-call (at its first layer: every layer of a type is handed the same tensor). Registered once a process, at
-import (:data:`OP`: False before torch 2.4, or where another copy of hfpatch registered them first)."""
+call and layer type (at its first layer: every layer of a type is handed the same tensor). Registered
+once a process, at import (:data:`OP`: False before torch 2.4, or where another copy of hfpatch
+registered them first)."""
 
 from __future__ import annotations
 
@@ -20,23 +21,30 @@ from .packed import Packed, sequences
 
 __all__ = ["OP", "sdpa_by_sequence", "sdpa_by_sequence_backward"]
 
-# the last layout read in this thread: (its tensor, weakly; its version; what it says)
+# the layouts last read in this thread, newest first, one a layer type: (its tensor, weakly; its version;
+# what it says)
 _READ = threading.local()
+KEPT = 4  # layer types a call's layouts are kept for (full, sliding, chunked, and one more)
 
 
 def _read_layout(layout: Tensor) -> ByLayout:
-    """What a compiled layout says, read to the host once a call: every layer of a type is handed the same
-    tensor, so the read and the indices are made at its first layer and reused by the others."""
-    last = getattr(_READ, "last", None)
-    if last is not None and last[0]() is layout and last[1] == layout._version:
-        return last[2]
+    """What a compiled layout says, read to the host once a call and layer type: every layer of a type is
+    handed the same tensor, so the read and the indices are made at its first layer and reused by the
+    others, however the types alternate (Gemma 3's), and by the backward."""
+    kept = getattr(_READ, "kept", None)
+    if kept is None:
+        kept = _READ.kept = []
+    for made, version, found in kept:
+        if made() is layout and version == layout._version:
+            return found
     host = layout[:, :, 0].cpu()
     real, segment_ids, positions = host[:, 0] != 0, host[:, 1], host[:, 2]
     window, chunk = (int(host[0, i, 0]) for i in (3, 4))
     device = layout.device
     packed = Packed(real.to(device), positions.to(device), segment_ids.to(device), (real, segment_ids))
     found = ByLayout(sequences(packed), None if window < 0 else window, None if chunk < 0 else chunk)
-    _READ.last = (weakref.ref(layout), layout._version, found)
+    kept.insert(0, (weakref.ref(layout), layout._version, found))
+    del kept[KEPT:]
     return found
 
 

@@ -36,7 +36,7 @@ import torch
 from . import caches
 from ._compat import cache_utils
 from ._context import patched_here
-from .attention import MAPPING, ByLayout, carried, carrier, compiled_layout
+from .attention import MAPPING, ByLayout, Carrier, carrier, compiled_layout
 from .compiled import OP
 from .positions import cache_positions, keys_seen, sequence_lengths, window_mask
 from .sources import (
@@ -180,6 +180,11 @@ class MaskPlan(NamedTuple):
     # its layers hand a layer type's mask to the attention functions untouched (read from its code, none
     # of its own state layers): compiled, its packed row's layout reaches them as data (hfpatch.attention)
     as_data: bool = False
+    # in eager mode a packed row's layout reaches its attention as the mask (a placeholder that carries it:
+    # hfpatch.attention): its mask code passes a 4-D mask on as given (masking_utils'; an
+    # ``_update_causal_mask``, patched to pass the placeholder: :class:`GivenMask`), and its attention runs
+    # by layout (its own attention functions) or calls SDPA itself (4.39-4.47: SDPA attention only)
+    laid_out: bool = False
 
     @property
     def float_masks(self) -> bool:
@@ -233,6 +238,9 @@ def mask_plan(owner: type, packed: bool = True) -> Optional[MaskPlan]:
     mixers = module is not None and bool(state_mixers(module))
     as_data = by_layout and not mixers and hands_masks_on(module, owner)
     given = form == ADDITIVE and reads_2d_mask_only(update_source)
+    passes_on = form == MASK_FUNCTIONS or update is not None
+    inline = module is not None and source_of(module) is not None and attends_inline(module)
+    laid_out = passes_on and (by_layout or inline)
     return MaskPlan(
         form,
         takes_dict,
@@ -247,18 +255,20 @@ def mask_plan(owner: type, packed: bool = True) -> Optional[MaskPlan]:
         mixers,
         given,
         as_data,
+        laid_out,
     )
 
 
 class GivenMask:
-    """Installed as the ``_update_causal_mask`` of a class whose own reads a 2-D mask only
-    (:attr:`MaskPlan.given`): a 4-D mask is taken as given (as by 4.42-4.52's), anything else handed to
-    the class's own. Stock ignores a 4-D mask there silently; hfpatch hands one where a row packs several
-    sequences."""
+    """Installed as the ``_update_causal_mask`` of a class (before 4.53): a packed row's layout
+    (:class:`~hfpatch.attention.Carrier`) is handed on as given, and where the class's own reads a 2-D
+    mask only (:attr:`MaskPlan.given`: stock ignores a 4-D one silently) any 4-D mask hfpatch hands it;
+    anything else goes to the class's own."""
 
-    def __init__(self, original: Any, pin: Any) -> None:
-        self.original = original
+    def __init__(self, original: Any, pin: Any, any_4d: bool) -> None:
+        self.original = self.__wrapped__ = original  # (its code is read through it: hfpatch.sources)
         self.pin = pin
+        self.any_4d = any_4d
 
     def __get__(self, instance: Any, owner: Any = None) -> Any:
         if instance is None:
@@ -266,7 +276,9 @@ class GivenMask:
         update = self.original.__get__(instance, owner)
 
         def _update_causal_mask(attention_mask: Any, *args: Any, **kwargs: Any) -> Any:
-            four = isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 4
+            if attention_mask.__class__ is Carrier:
+                return attention_mask
+            four = self.any_4d and isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 4
             if four and patched_here(self.pin):
                 return attention_mask
             return update(attention_mask, *args, **kwargs)
@@ -326,7 +338,9 @@ def apply_masks(
         return _by_lengths(kwargs, packed)
     positions, segment_ids = (packed.positions, packed.segment_ids) if packed is not None else (None, None)
     eager_mode = not torch.compiler.is_compiling()
-    by_layout = plan.by_layout and plan.form == MASK_FUNCTIONS and used.takes == DENSE and eager_mode
+    by_layout = plan.laid_out and used.takes == DENSE and eager_mode
+    if by_layout and not plan.by_layout:  # (its attention calls SDPA itself: SDPA, no weights asked for)
+        by_layout = attention == "sdpa" and not _passed_or_configured(kwargs, config, "output_attentions")
     if packed is not None and by_layout:  # the layout, once: each layer type's mask (hfpatch.attention)
         from .packed import sequences
 
@@ -366,10 +380,14 @@ def apply_masks(
             padded, slots, keys, *(size or (None, None)), positions=positions, segment_ids=segment_ids
         )
         masks[kind] = _as_model_takes(allowed, plan, attention, model.dtype)
-    if packed is not None and plan.by_layout and used.takes == DENSE and attention == "sdpa" and eager_mode:
-        _by_sequence(masks, windows, packed)  # (the module's SDPA runs it by sequence where it carries it)
     kwargs["attention_mask"] = _handed(masks, named, types, plan, mask[:, -num_new:])
     return None
+
+
+def _passed_or_configured(kwargs: dict, config: Any, name: str) -> bool:
+    """A call's flag: passed, else the config's."""
+    value = kwargs.get(name)
+    return bool(getattr(config, name, False) if value is None else value)
 
 
 def attention_kinds(types: list[str], plan: Optional[MaskPlan]) -> list[str]:
@@ -419,16 +437,6 @@ def _by_lengths(kwargs: dict, packed: Any) -> Optional[str]:
         cu_seq_lens_q=cu_seq_lens, cu_seq_lens_k=cu_seq_lens, max_length_q=longest, max_length_k=longest
     )
     return None
-
-
-def _by_sequence(masks: dict, windows: dict, packed: Any) -> None:
-    """Let SDPA run each packed sequence on its own where the mask code takes no layout (the module's
-    SDPA function, :mod:`hfpatch.attention`): the dense masks carry the sequences' layout."""
-    from .packed import sequences
-
-    laid = sequences(packed)
-    for kind, size in windows.items():  # (windows too: each group's mask is the rule's over its tokens)
-        masks[kind] = carried(masks[kind], ByLayout(laid, *(size or (None, None))))
 
 
 def whole_cache(

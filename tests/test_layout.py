@@ -12,13 +12,17 @@ import warnings
 import pytest
 import torch
 from packaging.version import Version
+from test_packed import tensors_in
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import hfpatch
 from hfpatch.forward import STATES_COMPILED
+from hfpatch.packed import sequences
 from hfpatch.verification.tiny import tiny_config
+from hfpatch.windows import mask_plan
 
 from conftest import TF, arch_skip_reason, reverted
+from expectations import PACKED_FROM
 from harness import TOLERANCE, VOCAB
 
 LENGTHS = (300, 41, 180, 257, 96, 1, 149, 256)  # 1,280 tokens in one row
@@ -43,18 +47,24 @@ class Largest(TorchDispatchMode):
         return out
 
 
-# where a model's mask code is masking_utils' (which passes a mask through as given): 4.53, GPT-2's 4.54.1
-MASK_FUNCTIONS_FROM = {"gpt2": "4.54.1"}
+# where the layout reaches the attention, in a release that keeps the model's packed rows (PACKED_FROM):
+# SDPA from the first (4.39-4.47's attention classes call it themselves), eager attention from 4.48 (the
+# module's attention functions)
+LAID_OUT_FROM = {"sdpa": "4.39", "eager": "4.48"}
+# compiled (the layout as data) and flex attention (a BlockMask): where the mask code is masking_utils'
+MASKING_UTILS_FROM = {"gpt2": "4.54.1"}
 
 
-def model_of(arch: str, attention: str, **extra):
+def model_of(arch: str, attention: str, masking_utils: bool = False, **extra):
     import transformers
 
     if arch_skip_reason(arch):
         pytest.skip(arch_skip_reason(arch))
-    since = MASK_FUNCTIONS_FROM.get(arch, "4.53")
-    if TF < Version(since):
-        pytest.skip(f"the layout reaches the attention where the mask code passes a mask through ({since}+)")
+    since = max(Version(LAID_OUT_FROM.get(attention, "4.53")), Version(PACKED_FROM.get(arch, "0")))
+    if masking_utils or attention not in LAID_OUT_FROM:
+        since = max(since, Version(MASKING_UTILS_FROM.get(arch, "4.53")))
+    if TF < since:
+        pytest.skip(f"the layout reaches {arch}'s {attention} attention from {since}")
     sizes = {"attention_dropout": 0.0, "max_position_embeddings": 1024, "n_positions": 1024, **extra}
     config = tiny_config(arch, sizes)
     config._attn_implementation = attention
@@ -105,9 +115,11 @@ def test_no_tensor_is_length_by_length(arch, attention, extra, layout):
             hfpatch.apply(unpad=True)
         try:
             with Largest() as seen:
-                logits = model(**kwargs, use_cache=False).logits
+                out = model(**kwargs, use_cache=False)
         finally:
             hfpatch.apply(unpad=False)
+    logits = out.logits
+    assert {type(t) for t in tensors_in(out)} == {torch.Tensor}  # (never hfpatch's mask carrier)
     if layout == "packed":
         got = list(logits[0].split(list(LENGTHS)))
     else:
@@ -151,7 +163,7 @@ def test_a_stream_of_packed_rows_compiles_two_graphs(arch):
     second one with a dynamic length, and no other compiles (the layout reaches the attention as data, for
     a custom op that runs the sequences: hfpatch.attention.sdpa_by_sequence); each sequence exact against
     itself alone, and nothing in the first graph as large as a mask of the row (Mistral: its window)."""
-    model = model_of(arch, "sdpa", **({"sliding_window": 4} if arch == "mistral" else {}))
+    model = model_of(arch, "sdpa", True, **({"sliding_window": 4} if arch == "mistral" else {}))
     torch._dynamo.reset()
     graphs = Graphs()
     compiled = torch.compile(model, fullgraph=True, backend=graphs)
@@ -172,6 +184,40 @@ def test_a_stream_of_packed_rows_compiles_two_graphs(arch):
     finally:
         torch._dynamo.reset()
     assert graphs.count <= 2, graphs.count
+
+
+@pytest.mark.compile
+def test_a_compiled_call_reads_each_layer_types_layout_once(monkeypatch):
+    """A compiled packed row of a model whose layer types alternate (sliding, full, sliding, full): the
+    custom op reads each type's layout to the host once a call, however the types alternate, and the
+    sequences are exact against themselves alone."""
+    from hfpatch import compiled as route
+
+    model = model_of(
+        "gemma3_text", "sdpa", True, num_hidden_layers=4, sliding_window=3,
+        layer_types=["sliding_attention", "full_attention"] * 2,
+    )  # fmt: skip
+    if getattr(model.config, "layer_types", None) != ["sliding_attention", "full_attention"] * 2:
+        pytest.skip(f"gemma3_text takes no layer_types in transformers {TF}")
+    if not mask_plan(type(model.model)).as_data:  # (4.57's module touches a mask: its multimodal model's)
+        pytest.skip(f"gemma3's module touches the mask in transformers {TF}: compiled, its masks stay dense")
+    reads = []
+    monkeypatch.setattr(route, "sequences", lambda packed: reads.append(1) or sequences(packed))
+    lengths = (9, 4, 12, 6)
+    rows = rows_of(lengths)
+    kwargs = {
+        "input_ids": torch.tensor([sum(rows, [])]),
+        "position_ids": torch.cat([torch.arange(n) for n in lengths])[None],
+    }
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad():
+            logits = torch.compile(model, fullgraph=True, backend="eager")(**kwargs).logits[0]
+    finally:
+        torch._dynamo.reset()
+    for row, out in zip(rows, logits.split(list(lengths))):
+        assert (out - alone(model, row)).abs().max() <= TOLERANCE
+    assert len(reads) == 2, len(reads)  # (one a layer type: was one a switch, 4 here)
 
 
 # one of each kind a compiled packed row meets: layer types with windows, a window on every layer,
@@ -226,7 +272,7 @@ def test_compiled_packed_rows_of_each_kind(arch, fresh_warnings):
 def test_a_compiled_packed_training_step_is_its_sequences_own():
     """A packed training step compiled by inductor (its backward too): the loss and every gradient those of
     the sequences run alone, each in a call of its own, on stock transformers."""
-    model = model_of("llama", "sdpa")
+    model = model_of("llama", "sdpa", True)
     model.train()
     lengths = (5, 9, 3, 7)
     rows = rows_of(lengths)

@@ -106,9 +106,28 @@ def run_layout(model, name: str, train: bool = False):
     model.train(train)
     try:
         with torch.no_grad():
-            return model(**kwargs, **extra).logits, spans, kwargs
+            out = model(**kwargs, **extra)
     finally:
         model.eval()
+    kinds = {type(t).__name__ for t in tensors_in(out)}
+    assert kinds <= {"Tensor", "Parameter"}, f"{name}: the outputs hold {kinds}"  # (never hfpatch's carrier)
+    return out.logits, spans, kwargs
+
+
+def tensors_in(value, depth: int = 0):
+    """Every tensor an output holds: its fields, their tuples and lists, a cache's layers (their attributes),
+    a few levels down."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif depth < 5 and isinstance(value, dict):
+        for item in value.values():
+            yield from tensors_in(item, depth + 1)
+    elif depth < 5 and isinstance(value, (tuple, list)):
+        for item in value:
+            yield from tensors_in(item, depth + 1)
+    elif depth < 5 and hasattr(value, "__dict__") and not isinstance(value, (type, torch.nn.Module)):
+        for item in vars(value).values():
+            yield from tensors_in(item, depth + 1)
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))

@@ -11,6 +11,7 @@ import hfpatch
 
 from conftest import TF, reverted
 from costs import frames, gpt2, llama, packed_call, padded_call, reads
+from expectations import PACKED_FROM
 
 
 def stock_reads(model, kwargs: dict):
@@ -21,8 +22,9 @@ def stock_reads(model, kwargs: dict):
 @pytest.mark.parametrize("layout", ["packed", "unpadded"])
 @pytest.mark.parametrize("make", [llama, gpt2], ids=["llama", "gpt2"])
 def test_host_reads_do_not_grow_with_the_layers(make, layout):
-    if TF < Version("4.53"):
-        pytest.skip(f"the layout reaches the layers from 4.53 (installed {TF}); before, a mask by sequence")
+    since = PACKED_FROM[make.__name__]
+    if TF < Version(since):
+        pytest.skip(f"{make.__name__}'s packed rows are kept from {since} (installed {TF})")
     kwargs = packed_call() if layout == "packed" else padded_call()
     hfpatch.apply(unpad=layout == "unpadded")
     try:
