@@ -174,12 +174,12 @@ def compiled_at_length(arch: str = "llama") -> list[str]:
 
 
 def on_this_release(arch: str = "llama") -> list[str]:
-    """The rows a release before 4.53 is asked (``--release``: run under that release): 8k and 16k tokens,
-    SDPA and eager, packed and unpadded, a training step, an A/A row."""
+    """The rows another release is asked (``--release``: run under it; 4.45.2 and 4.57.6 in RESULTS.md):
+    8k and 16k tokens, SDPA and eager, packed and unpadded, a training step, an A/A row."""
     out = []
     for sequences, length in ((8, 1024), (8, 2048)):
         tokens = sequences * length
-        for attention in ("sdpa", "eager") if length <= 1024 else ("sdpa",):  # (eager before 4.48: dense)
+        for attention in ("sdpa", "eager") if length <= 1024 else ("sdpa",):  # (4.45's eager: dense)
             shape = (arch, attention, sequences, length)
             ours, own = _pair(("packed", *shape), ("own", *shape))
             out.append(_row(f"packed row, {sequences} x {length:,}", tokens, attention, ours, own))
