@@ -58,6 +58,13 @@ def passed(kwargs: dict, names: tuple[str, ...]) -> Any:
     return next((kwargs[name] for name in names if kwargs.get(name) is not None), None)
 
 
+def asked(kwargs: dict, config: Any, name: str) -> bool:
+    """Whether a call asks for an output (``output_attentions`` ...): by keyword, else (None or absent) by
+    the config."""
+    value = kwargs.get(name)
+    return bool(getattr(config, name, False) if value is None else value)
+
+
 def cache_name(model: Any) -> Optional[str]:
     """The cache argument of ``model``'s forward (a model, or a forward function): ``cache`` (5.24+),
     ``past_key_values``, a state's (:data:`STATE_NAMES`), or ``None`` for a model without a cache."""

@@ -153,9 +153,8 @@ def _laid_out(
     fits = query.shape[0] == batch and query.shape[2] == length and key.shape[2] == length
     asked = kwargs.get("output_attentions") or kwargs.get("position_bias") is not None
     if kind not in BY_SEQUENCE or args or not fits or asked or torch.compiler.is_compiling():
-        if mask.stride()[-2:] == (0, 0):  # a placeholder: the mask it stands for
-            mask = layout.dense(None if kind == "sdpa" else query.dtype)
-        return function(module, query, key, value, mask.as_subclass(Tensor), *args, **kwargs)
+        dense = _dense(mask, layout, None if kind == "sdpa" else query.dtype)
+        return function(module, query, key, value, dense, *args, **kwargs)
     return by_sequence(function, kind, module, query, key, value, layout, kwargs)
 
 
@@ -254,6 +253,14 @@ def _part_mask(mask: ByLayout, group: Group, dtype: Optional[torch.dtype]) -> Te
     return allowed if dtype is None else _additive(allowed, dtype)
 
 
+def _dense(mask: Tensor, layout: ByLayout, dtype: Optional[torch.dtype]) -> Tensor:
+    """A carrier as a plain mask for an attention that takes no layout: a placeholder's the mask it stands
+    for (bool; additive float of ``dtype``), any other carrier's its own values."""
+    if mask.stride()[-2:] == (0, 0):
+        return layout.dense(dtype)
+    return mask.as_subclass(Tensor)
+
+
 def _additive(allowed: Tensor, dtype: torch.dtype) -> Tensor:
     """A boolean mask as eager attention adds it: 0 where attended, the dtype's minimum elsewhere."""
     zero = torch.zeros((), dtype=dtype, device=allowed.device)
@@ -284,7 +291,7 @@ class Carrier(Tensor):
 
 _SDPA = torch.nn.functional.scaled_dot_product_attention
 _SDPA_NAMES = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale")
-_SDPA_TAKEN = {"dropout_p", "is_causal", "scale", "enable_gqa"}  # (what a call by sequence hands on)
+_SDPA_TAKEN = {"dropout_p", "is_causal", "scale", "enable_gqa"}  # (a call by sequence takes these)
 
 
 def _inline(args: tuple, kwargs: dict) -> Tensor:
@@ -298,30 +305,30 @@ def _inline(args: tuple, kwargs: dict) -> Tensor:
     if layout is not None:
         batch, length = layout.sequences.shape
         fits = query.shape[0] == batch and query.shape[2] == length and key.shape[2] == length
-        if fits and not given.get("is_causal") and set(given) <= _SDPA_TAKEN:
+        if fits and not given.get("is_causal") and set(given) <= _SDPA_TAKEN:  # (grouped keys: repeated)
             extra = {"dropout": given.get("dropout_p", 0.0), "scaling": given.get("scale")}
-            if given.get("enable_gqa"):  # (transformers' SDPA function hands grouped keys on as they are)
-                extra["enable_gqa"] = True
-            out, _ = by_sequence(_sdpa_call, "sdpa", None, query, key, value, layout, extra)
+            out, _ = by_sequence(sdpa_call, "sdpa", None, query, key, value, layout, extra)
             return out.transpose(1, 2)
-        if mask.stride()[-2:] == (0, 0):  # a placeholder: the mask it stands for
-            mask = layout.dense()
+        mask = _dense(mask, layout, None)
     plain = [t.as_subclass(Tensor) if isinstance(t, Tensor) else t for t in (query, key, value, mask)]
     with torch._C.DisableTorchFunctionSubclass():
         return _SDPA(*plain, **given)
 
 
-def _sdpa_call(
-    module: Any, query: Tensor, key: Tensor, value: Tensor, attention_mask: Optional[Tensor],
-    dropout: float = 0.0, scaling: Optional[float] = None, is_causal: bool = False, **extra: Any,
+def sdpa_call(
+    module: Any, query: Tensor, key: Tensor, value: Tensor, mask: Optional[Tensor],
+    dropout: float = 0.0, scaling: Optional[float] = None, is_causal: bool = False, **_: Any,
 ) -> tuple[Tensor, None]:  # fmt: skip
-    """torch's SDPA in transformers' attention-function form (what :func:`by_sequence` runs each group
-    on): ``[batch, heads, length, dim]`` in, ``[batch, length, heads, dim]`` out."""
-    out = _SDPA(
-        query, key, value, attn_mask=attention_mask, dropout_p=dropout, is_causal=is_causal, scale=scaling,
-        **extra,
-    )  # fmt: skip
-    return out.transpose(1, 2), None
+    """Torch's SDPA in transformers' attention-function form (what :func:`by_sequence` runs each group on
+    where no transformers function is at hand: a module's own SDPA call, the compiled op):
+    ``[batch, heads, length, dim]`` in, ``[batch, length, heads, dim]`` out, key and value heads repeated
+    to the query's."""
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:
+        key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+    causal = is_causal and mask is None
+    out = _SDPA(query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling, is_causal=causal)
+    return out.transpose(1, 2).contiguous(), None
 
 
 def carried(mask: Tensor, rider: Any, key: str = LAYOUT) -> Tensor:

@@ -16,7 +16,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from .attention import ByLayout, by_sequence
+from .attention import ByLayout, by_sequence, sdpa_call
 from .packed import Packed, sequences
 
 __all__ = ["OP", "sdpa_by_sequence", "sdpa_by_sequence_backward"]
@@ -48,23 +48,10 @@ def _read_layout(layout: Tensor) -> ByLayout:
     return found
 
 
-def _sdpa(
-    module: Any, query: Tensor, key: Tensor, value: Tensor, mask: Optional[Tensor],
-    scaling: Optional[float] = None, is_causal: bool = False, **_: Any,
-) -> tuple[Tensor, None]:  # fmt: skip
-    """Torch's SDPA in transformers' signature (``[batch, queries, heads, dim]`` out), key and value
-    heads repeated to the query's."""
-    groups = query.shape[1] // key.shape[1]
-    if groups > 1:
-        key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
-    out = torch.nn.functional.scaled_dot_product_attention(
-        query, key, value, attn_mask=mask, scale=scaling, is_causal=is_causal and mask is None
-    )
-    return out.transpose(1, 2).contiguous(), None
-
-
 def _run(query: Tensor, key: Tensor, value: Tensor, layout: Tensor, scale: Optional[float]) -> Tensor:
-    return by_sequence(_sdpa, "sdpa", None, query, key, value, _read_layout(layout), {"scaling": scale})[0]
+    return by_sequence(sdpa_call, "sdpa", None, query, key, value, _read_layout(layout), {"scaling": scale})[
+        0
+    ]
 
 
 def sdpa_by_sequence(

@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from . import caches
-from ._compat import CACHE_NAMES, STATE, STATE_NAMES, at_trace_time, cache_name, output_cache, passed
+from ._compat import CACHE_NAMES, STATE, STATE_NAMES, asked, at_trace_time, cache_name, output_cache, passed
 from ._context import CALL, PACKED, UNPAD, Pin, count_unpadded, patched_here
 from .packed import NOT_KEPT, SPANS, Packed
 from .positions import padded_on_host, positions_from_mask
@@ -89,11 +89,11 @@ def _why_padded(model: Any, kwargs: dict, masks: Any, cache_kw: Optional[str], h
     if kwargs.get("input_ids") is None:
         return "inputs given by embeddings"
     config = text_config(model)
-    if _asked(kwargs, config, "output_attentions"):
+    if asked(kwargs, config, "output_attentions"):
         return "attention weights asked for"
-    if _asked(kwargs, config, "output_router_logits"):
+    if asked(kwargs, config, "output_router_logits"):
         return ROUTER_LOGITS
-    if _asked(kwargs, config, "output_hidden_states") and torch.is_grad_enabled():
+    if asked(kwargs, config, "output_hidden_states") and torch.is_grad_enabled():
         return "hidden states asked for with gradients on"
     if any(isinstance(v, Tensor) for k, v in kwargs.items() if k not in TAKEN):
         return "inputs it does not know"
@@ -118,12 +118,6 @@ def _why_padded(model: Any, kwargs: dict, masks: Any, cache_kw: Optional[str], h
 
 
 ROUTER_LOGITS = "router logits asked for (their auxiliary loss reads the padded layout)"
-
-
-def _asked(kwargs: dict, config: Any, name: str) -> bool:
-    """Whether the call asks for an output: by keyword, else (None or absent) by the config."""
-    value = kwargs.get(name)
-    return bool(getattr(config, name, False) if value is None else value)
 
 
 class Host(NamedTuple):

@@ -34,7 +34,7 @@ from typing import Any, NamedTuple, Optional, Union
 import torch
 
 from . import caches
-from ._compat import cache_utils
+from ._compat import asked, cache_utils
 from ._context import patched_here
 from .attention import MAPPING, ByLayout, Carrier, carrier, compiled_layout
 from .compiled import OP
@@ -340,7 +340,7 @@ def apply_masks(
     eager_mode = not torch.compiler.is_compiling()
     by_layout = plan.laid_out and used.takes == DENSE and eager_mode
     if by_layout and not plan.by_layout:  # (its attention calls SDPA itself: SDPA, no weights asked for)
-        by_layout = attention == "sdpa" and not _passed_or_configured(kwargs, config, "output_attentions")
+        by_layout = attention == "sdpa" and not asked(kwargs, config, "output_attentions")
     if packed is not None and by_layout:  # the layout, once: each layer type's mask (hfpatch.attention)
         from .packed import sequences
 
@@ -382,12 +382,6 @@ def apply_masks(
         masks[kind] = _as_model_takes(allowed, plan, attention, model.dtype)
     kwargs["attention_mask"] = _handed(masks, named, types, plan, mask[:, -num_new:])
     return None
-
-
-def _passed_or_configured(kwargs: dict, config: Any, name: str) -> bool:
-    """A call's flag: passed, else the config's."""
-    value = kwargs.get(name)
-    return bool(getattr(config, name, False) if value is None else value)
 
 
 def attention_kinds(types: list[str], plan: Optional[MaskPlan]) -> list[str]:
