@@ -186,7 +186,7 @@ def _packed_row(positions: Tensor, rows: Tensor, rows_host: Tensor, batch: int) 
     """The layout of an unpadded call's packed row: every token real, each row (of ``batch``) a sequence of
     its own."""
     real = torch.ones(rows.shape, dtype=torch.bool, device=rows.device)
-    return Packed(real, positions, rows, (torch.ones(rows_host.shape, dtype=torch.bool), rows_host), batch)
+    return Packed(real, positions, rows, (torch.ones_like(rows_host, dtype=torch.bool), rows_host), batch)
 
 
 def padded_back(result: Any, layout: Layout) -> Any:

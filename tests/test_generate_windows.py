@@ -133,10 +133,15 @@ def test_prompt_lookup_on_a_prompt_with_a_hole():
     model = _model("mistral", "sdpa")
     system, user = SYSTEMS[1], USERS[1]
     ids, mask = [system + [0] * 3 + user], [[1] * len(system) + [0] * 3 + [1] * len(user)]
-    out = _generate(model, ids, mask, prompt_lookup_num_tokens=2)
     with stock():
-        one = _generate(model, [system + user], [[1] * len(system + user)], prompt_lookup_num_tokens=2)
+        try:
+            one = _generate(model, [system + user], [[1] * len(system + user)], prompt_lookup_num_tokens=2)
+        except ValueError as exc:  # (5.0.0 gives prompt lookup a sliding-window cache, then crops it)
+            if "Cannot `crop`" not in str(exc):
+                raise
+            pytest.skip(f"stock's own prompt lookup fails on the row alone here ({TF}): {exc}")
         wrong = _generate(model, ids, mask, prompt_lookup_num_tokens=2)
+    out = _generate(model, ids, mask, prompt_lookup_num_tokens=2)
     assert out.sequences[0, len(ids[0]) :].tolist() == one.sequences[0, len(system + user) :].tolist()
     assert (wrong.scores[0] - one.scores[0]).abs().max().item() > WRONG, "stock is right with this hole"
 

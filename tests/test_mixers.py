@@ -96,12 +96,21 @@ def takes_slots(model) -> bool:
     return "cache_position" in parameters and "cache_params" not in parameters and TF < Version("5.0")
 
 
+def demands_slots(model) -> bool:
+    """Whether stock's continued call needs its ``cache_position``: RecurrentGemma's before 5.0, Mamba's (with
+    ``cache_params``) before 5.4 ("You have to specify the `cache_position` manually", read in 5.0.0-5.4.0's
+    modeling_mamba.py)."""
+    parameters = inspect.signature(model.forward).parameters
+    until = "5.4" if "cache_params" in parameters else "5.0"
+    return "cache_position" in parameters and TF < Version(until)
+
+
 def stock_slots(model, first: int, taken: int, n: int) -> dict:
     """What stock's continued call of ``n`` tokens after ``taken`` needs besides (its first took ``first``):
     RecurrentGemma's slots; 4.x Mamba's as ``generate()`` counts them, from its convolution's width (a
     fresh call's, which the model makes itself: the first passes none)."""
     parameters = inspect.signature(model.forward).parameters
-    if "cache_position" not in parameters or TF >= Version("5.0"):
+    if not demands_slots(model):
         return {}
     if "cache_params" not in parameters:
         return {"cache_position": torch.arange(taken, taken + n)}
@@ -258,7 +267,7 @@ def test_padded_batches_split_into_cached_calls(arch, case):
         <= tolerance
     )
     # stock given the slots a 4.x caller passes (4.x Mamba's stock call demands them: a caller's arange)
-    given = "cache_position" in inspect.signature(model.forward).parameters and TF < Version("5.0")
+    given = demands_slots(model)
     with stock():
         try:
             wrong = max_diff(
