@@ -50,7 +50,7 @@ from .patches import ABSENT, Patch
 from .plans import read_plan
 from .rope import per_row_forward, rotary_classes
 from .unpad import causal_lm_head, gate
-from .windows import MASK_FUNCTIONS, GivenMask
+from .windows import MASK_FUNCTIONS, given_mask
 
 __all__ = ["CHECKPOINT_FUNCTION", "build"]
 
@@ -105,7 +105,7 @@ def build(adapter: Adapter, module: Any, pin: Pin) -> tuple[Patch, ...]:
     masks = plan.masks
     if masks is not None and masks.form != MASK_FUNCTIONS and (masks.laid_out or masks.given):
         name = "_update_causal_mask"  # (a packed row's layout passed on; a 4-D mask it would ignore taken)
-        given = GivenMask(getattr(owner, name), pin, masks.given)
+        given = given_mask(getattr(owner, name), pin, masks.given)
         rows.append(Patch(owner, name, owner.__dict__.get(name, ABSENT), given))
     shared = (caches.recording_requested_lengths(), recording_generated_masks())
     rows.extend(row for row in shared if row is not None)  # (every adapter's: the ledger counts them)
@@ -125,7 +125,7 @@ def build(adapter: Adapter, module: Any, pin: Pin) -> tuple[Patch, ...]:
         )
         if unpads and head.targets:  # apply(unpad=True): a causal LM's head unpadded, any head's targets read
             replacement = gate(
-                replacement, pin, plan.masks, plan.cache_kw, causal_lm_head(head.cls), head.pools
+                replacement, pin, plan.masks, plan.cache_kw, causal_lm_head(head.cls), head.pools, plan.mixers
             )
         if replacement is not head.forward:  # (on the head's class itself, where it inherits its forward)
             rows.append(Patch(head.cls, "forward", head.own, replacement))

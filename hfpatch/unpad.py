@@ -42,7 +42,15 @@ from ._context import CALL, PACKED, UNPAD, Pin, count_unpadded, patched_here
 from .packed import NOT_KEPT, SPANS, Packed
 from .positions import padded_on_host, positions_from_mask
 from .sources import hands_state
-from .windows import FULL, attention_kinds, layer_types, packed_not_kept, text_config, whole_cache
+from .windows import (
+    FULL,
+    attention_kinds,
+    by_sequence_compiled,
+    layer_types,
+    packed_not_kept,
+    text_config,
+    whole_cache,
+)
 
 __all__ = ["Layout", "causal_lm_head", "gate", "laid_out", "padded_back", "read_at_a_pad", "unpadding"]
 
@@ -267,7 +275,13 @@ def causal_lm_head(cls: type) -> bool:
 
 
 def gate(
-    original: Callable, pin: Pin, masks: Any, cache_kw: Optional[str], causal: bool, pools: bool = False
+    original: Callable,
+    pin: Pin,
+    masks: Any,
+    cache_kw: Optional[str],
+    causal: bool,
+    pools: bool = False,
+    mixes: bool = False,
 ) -> Callable:
     """The ``forward`` of a task head of a patched model, while ``apply(unpad=True)`` holds: a causal LM's
     head unpadded itself (its LM head and loss on the real tokens); any head's call checked for an output
@@ -284,8 +298,14 @@ def gate(
         if not UNPAD[0] or CALL.unpadding or not patched_here(pin):
             return original(self, *args, **kwargs)
         if torch.compiler.is_compiling():
-            _compiled()  # (said once a graph, while it is traced)
-            return original(self, *args, **kwargs)
+            compiles = causal and not mixes  # (a compiled packed row's state layers are not kept apart)
+            found = _compiled_row(original, self, args, kwargs, positional, masks, cache_kw, compiles)
+            if found is None:  # (said why: counted at the graph break, or once a graph while traced)
+                if not compiles:
+                    _compiled()
+                return original(self, *args, **kwargs)
+            packed, layout = found  # (the graph resumes here: the packed call and its padding back, traced)
+            return padded_back(original(self, **packed), layout)
         if args:
             if len(args) > len(positional) or any(name in kwargs for name in positional[: len(args)]):
                 return original(self, *args, **kwargs)  # (its own TypeError)
@@ -318,13 +338,88 @@ def gate(
     return forward
 
 
-COMPILED = "compiled (a graph's shapes cannot follow a call's pads: counted once a graph)"
+COMPILED = "compiled, not a causal LM's head, or with layers that carry a state (counted once a graph)"
+ONE_GRAPH = "compiled with fullgraph=True or exported (no graph break for the host's read: once a graph)"
+COMPILED_DENSE = "compiled, where its packed row's attention is not run by sequence (dense masks)"
 
 
 @at_trace_time
 def _compiled() -> bool:
     count_unpadded(COMPILED)
     return True
+
+
+@at_trace_time
+def _one_graph() -> bool:
+    """Whether the graph being traced may not break (``fullgraph=True``, export; or dynamo's tracer does
+    not say: torch releases that hold it elsewhere), counted once a graph: read by dynamo while it traces."""
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+
+        tx = InstructionTranslator.current_tx()
+        one = bool(tx.one_graph or getattr(tx, "error_on_graph_break", False) or getattr(tx, "export", False))
+    except Exception:  # noqa: BLE001 (a tracer of another torch: no break risked)
+        one = True
+    if one:
+        count_unpadded(ONE_GRAPH)
+    return one
+
+
+def _compiled_row(
+    original: Callable,
+    model: Any,
+    args: tuple,
+    kwargs: dict,
+    positional: list,
+    masks: Any,
+    cache_kw: Any,
+    compiles: bool,
+) -> Optional[tuple[dict, Layout]]:
+    """A compiled causal LM head's call as its packed row and the layout to pad it back by, or None (it
+    stays padded, counted): the host's read and every decision in eager mode, a graph break
+    (:data:`_EAGER`) where the graph may break, so that the packed call after it is traced on the real
+    tokens alone (their count a dynamic size from the second count on: two graphs for a stream of them);
+    where the graph may not break, it stays padded."""
+    named = {**kwargs, **dict(zip(positional, args))}
+    ids, mask = named.get("input_ids"), named.get("attention_mask")
+    if not (isinstance(ids, Tensor) and isinstance(mask, Tensor) and ids.dim() == 2 and ids.shape[1] > 1):
+        return None  # (by shapes alone, no graph break: a decode step, inputs by embeddings, no mask)
+    if mask.shape != ids.shape or not compiles or _one_graph():
+        return None
+    return _EAGER(original, model, args, kwargs, positional, masks, cache_kw)
+
+
+def _compiled_row_eagerly(
+    original: Callable, model: Any, args: tuple, kwargs: dict, positional: list, masks: Any, cache_kw: Any
+) -> Optional[tuple[dict, Layout]]:
+    if len(args) > len(positional) or any(name in kwargs for name in positional[: len(args)]):
+        return None
+    kwargs = {**kwargs, **dict(zip(positional, args))}
+    mask = kwargs.get("attention_mask")
+    if not isinstance(mask, Tensor):
+        return None
+    targets = _shifted(kwargs.get("labels"), mask)
+    host = read_host(kwargs, targets)
+    if host is None:
+        return None
+    why = read_at_a_pad(kwargs, host, True, False, None)
+    if why is None and _keeps(kwargs) is not None:
+        why = "compiled, some logits kept (their pads' zeros: eager mode only)"
+    if why is None and not by_sequence_compiled(getattr(model, model.base_model_prefix, model), masks):
+        why = COMPILED_DENSE
+    if why is not None:
+        count_unpadded(why)
+        return None
+    found = _head_packed(model, kwargs, targets, masks, cache_kw, host)
+    if found is None:
+        return None
+    count_unpadded(None)
+    return found[0], found[1]
+
+
+# the eager work of a compiled call (torch.compiler.disable: a graph break before it, the graph resumed
+# after; nothing it calls traced)
+_EAGER = getattr(getattr(torch, "compiler", None), "disable", lambda f: f)(_compiled_row_eagerly)
 
 
 KEEPS = ("logits_to_keep", "num_logits_to_keep")  # (4.45-4.49 call it num_logits_to_keep)
@@ -392,12 +487,23 @@ def _head_unpadded(
     """A causal LM head's call on its real tokens: the packed row, its labels laid so that the head's loss
     (which pairs each token with the next label) pairs each real token with its own target, and a
     sequence of one pad after it where the last real token has one; the result padded back."""
+    found = _head_packed(model, kwargs, targets, masks, cache_kw, host)
+    if found is None:
+        return PADDED
+    return _run_packed(functools.partial(original, model), *found)
+
+
+def _head_packed(
+    model: Any, kwargs: dict, targets: Any, masks: Any, cache_kw: Optional[str], host: Host
+) -> Optional[tuple[dict, Layout, Packed]]:
+    """A causal LM head's call as its packed row (the labels laid for the head's loss), where it is laid
+    and the row's layout; None where it keeps the padded path (counted, with why)."""
     base = getattr(model, model.base_model_prefix, model)
     why = _why_padded(base, kwargs, masks, cache_kw, host)
     found = laid_out(kwargs, host) if why is None else None
     if found is None:
         count_unpadded(why or RUNS_ON)
-        return PADDED
+        return None
     packed, layout, laid = found
     if isinstance(targets, Tensor):
         own = layout.gather(targets[..., None])[..., 0]  # [1, real tokens]
@@ -410,4 +516,4 @@ def _head_unpadded(
             rows, rows_host = (torch.nn.functional.pad(t, (0, 1), value=layout.batch) for t in ends)
             laid = _packed_row(packed["position_ids"], rows, rows_host, layout.batch)
         packed["labels"] = torch.cat([own.new_full((1, 1), IGNORE), own if tail else own[:, :-1]], 1)
-    return _run_packed(functools.partial(original, model), packed, layout, laid)
+    return packed, layout, laid

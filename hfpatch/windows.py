@@ -27,8 +27,10 @@ own mask for a packed row).
 
 from __future__ import annotations
 
+import functools
 import inspect
 import sys
+from collections.abc import Callable
 from typing import Any, NamedTuple, Optional, Union
 
 import torch
@@ -175,14 +177,14 @@ class MaskPlan(NamedTuple):
     # its module has layers that carry a state from token to token, run by sequence (hfpatch.mixers)
     mixers: bool = False
     # its ``_update_causal_mask`` reads a 2-D mask only (a 4-D one ignored): patched to take a 4-D mask as
-    # given, as 4.42-4.52's do (:class:`GivenMask`)
+    # given, as 4.42-4.52's do (:func:`given_mask`)
     given: bool = False
     # its layers hand a layer type's mask to the attention functions untouched (read from its code, none
     # of its own state layers): compiled, its packed row's layout reaches them as data (hfpatch.attention)
     as_data: bool = False
     # in eager mode a packed row's layout reaches its attention as the mask (a placeholder that carries it:
     # hfpatch.attention): its mask code passes a 4-D mask on as given (masking_utils'; an
-    # ``_update_causal_mask``, patched to pass the placeholder: :class:`GivenMask`), and its attention runs
+    # ``_update_causal_mask``, patched to pass the placeholder: :func:`given_mask`), and its attention runs
     # by layout (its own attention functions) or calls SDPA itself (4.39-4.47: SDPA attention only)
     laid_out: bool = False
 
@@ -259,31 +261,24 @@ def mask_plan(owner: type, packed: bool = True) -> Optional[MaskPlan]:
     )
 
 
-class GivenMask:
+def given_mask(original: Callable, pin: Any, any_4d: bool) -> Callable:
     """Installed as the ``_update_causal_mask`` of a class (before 4.53): a packed row's layout
     (:class:`~hfpatch.attention.Carrier`) is handed on as given, and where the class's own reads a 2-D
     mask only (:attr:`MaskPlan.given`: stock ignores a 4-D one silently) any 4-D mask hfpatch hands it;
-    anything else goes to the class's own."""
+    anything else goes to the class's own. A plain function (``__wrapped__``: its code is read through
+    it, hfpatch.sources): dynamo traces it as the method it replaces (a descriptor of hfpatch's own
+    recursed in a compiled training call)."""
 
-    def __init__(self, original: Any, pin: Any, any_4d: bool) -> None:
-        self.original = self.__wrapped__ = original  # (its code is read through it: hfpatch.sources)
-        self.pin = pin
-        self.any_4d = any_4d
+    @functools.wraps(original)
+    def _update_causal_mask(self: Any, attention_mask: Any, *args: Any, **kwargs: Any) -> Any:
+        if attention_mask.__class__ is Carrier:
+            return attention_mask
+        four = any_4d and isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 4
+        if four and patched_here(pin):
+            return attention_mask
+        return original(self, attention_mask, *args, **kwargs)
 
-    def __get__(self, instance: Any, owner: Any = None) -> Any:
-        if instance is None:
-            return self
-        update = self.original.__get__(instance, owner)
-
-        def _update_causal_mask(attention_mask: Any, *args: Any, **kwargs: Any) -> Any:
-            if attention_mask.__class__ is Carrier:
-                return attention_mask
-            four = self.any_4d and isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 4
-            if four and patched_here(self.pin):
-                return attention_mask
-            return update(attention_mask, *args, **kwargs)
-
-        return _update_causal_mask
+    return _update_causal_mask
 
 
 def _flash_takes_lengths() -> bool:
@@ -294,6 +289,17 @@ def _flash_takes_lengths() -> bool:
         return forward is not None and "cu_seq_lens_q" in inspect.signature(forward).parameters
     except (TypeError, ValueError):
         return False
+
+
+def by_sequence_compiled(model: Any, plan: Optional[MaskPlan]) -> bool:
+    """Whether a compiled packed row of ``model`` reaches its attention by sequence, not by a dense mask:
+    SDPA by its layout (:mod:`hfpatch.compiled`), flex by a ``BlockMask``, flash by the lengths."""
+    attention, used = backend(model)
+    if used is None or plan is None or not used.keeps(plan):
+        return False
+    if used.takes == DENSE:
+        return attention == "sdpa" and plan.as_data and plan.form == MASK_FUNCTIONS and OP
+    return True
 
 
 def apply_masks(

@@ -13,6 +13,12 @@ ABSOLUTE = "gpt2"  # the most position-sensitive flagship: left padding in one c
 # the first release where each flagship's packed rows (positions that restart) are kept to their sequences:
 # its mask code takes a 4-D mask from there (tests/test_packed.py; the probe's packed cells: compat/REPORT.md)
 PACKED_FROM = {"gemma": "4.39", "llama": "4.39", "gpt2": "4.52"}  # (4.38.2 takes no 4-D mask)
+# where the mask code is masking_utils' (4.53 unless named): a compiled packed row's layout reaches SDPA as
+# data, and flex attention takes a BlockMask
+MASKING_UTILS_FROM = {"gpt2": "4.54.1"}
+# where a compiled packed row's SDPA runs by sequence (its layout as data, hfpatch.compiled); GPT-2's
+# module reads the mask itself (not as data): its compiled packed rows keep dense masks
+COMPILED_BY_SEQUENCE_FROM = {"llama": "4.53"}
 
 # by Family.name: whether left padding in one call is wrong on stock (absolute positions, or a rotary
 # decoder whose queries meet un-rotated encoder keys in one softmax); a uniform rotary shift cancels, and

@@ -73,6 +73,36 @@ def test_fullgraph_eager_backend(model):
     assert max_diff(model, rows, compiled) <= TOLERANCE
 
 
+@pytest.mark.slow  # nox -s ci runs it (and the matrix on its sample: a release of every mask code)
+def test_a_compiled_training_step_is_the_eager_one(arch):
+    """A patched model in training mode (dropout off), compiled, gives eager's loss and gradients on a
+    padded batch with labels (4.42-4.52's mask code, patched by hfpatch, once sent dynamo into a
+    recursion here)."""
+    from hfpatch.verification.tiny import tiny_model
+
+    model = tiny_model(arch).train()
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    rows = random_rows([6, 3], seed=7)
+    ids = torch.tensor([rows[0], rows[1] + [0] * 3])
+    mask = torch.tensor([[1] * 6, [1] * 3 + [0] * 3])
+    labels = ids.masked_fill(mask == 0, -100)
+
+    def step(call):
+        model.zero_grad(set_to_none=True)
+        loss = call(input_ids=ids, attention_mask=mask, labels=labels, use_cache=False).loss
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    want, want_grads = step(model)
+    got, got_grads = step(torch.compile(model, backend="eager"))
+    assert (got - want).abs().item() <= TOLERANCE
+    assert set(got_grads) == set(want_grads)
+    for name, grad in want_grads.items():
+        assert ((got_grads[name] - grad).norm() / grad.norm().clamp(min=1e-12)).item() <= 1e-5, name
+
+
 INDUCTOR_ARCH = ABSOLUTE
 
 

@@ -22,7 +22,7 @@ from hfpatch.verification.tiny import tiny_config
 from hfpatch.windows import mask_plan
 
 from conftest import TF, arch_skip_reason, reverted
-from expectations import PACKED_FROM
+from expectations import MASKING_UTILS_FROM, PACKED_FROM
 from harness import TOLERANCE, VOCAB
 
 LENGTHS = (300, 41, 180, 257, 96, 1, 149, 256)  # 1,280 tokens in one row
@@ -51,8 +51,6 @@ class Largest(TorchDispatchMode):
 # SDPA from the first (4.39-4.47's attention classes call it themselves), eager attention from 4.48 (the
 # module's attention functions)
 LAID_OUT_FROM = {"sdpa": "4.39", "eager": "4.48"}
-# compiled (the layout as data) and flex attention (a BlockMask): where the mask code is masking_utils'
-MASKING_UTILS_FROM = {"gpt2": "4.54.1"}
 
 
 def model_of(arch: str, attention: str, masking_utils: bool = False, **extra):

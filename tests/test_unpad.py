@@ -20,6 +20,7 @@ from hfpatch._context import UNPADDED
 from hfpatch.support import NEWEST_TESTED
 
 from conftest import TF, arch_skip_reason, spying, stock
+from expectations import COMPILED_BY_SEQUENCE_FROM
 from harness import TOLERANCE, VOCAB, cache_kwarg, output_cache, run_alone
 
 pytestmark = pytest.mark.invariant("I10")
@@ -164,13 +165,79 @@ def test_gradient_checkpointing(arch, reentrant):
         assert ((grads(model)[name] - g).norm() / g.norm().clamp(min=1e-12)).item() <= 1e-4, name
 
 
+STREAM = (ROWS, ROWS[:3], [r * 2 for r in ROWS], [[7], list(range(8, 17))], [[3] * 20, [4] * 7])
+
+
 @pytest.mark.slow
 @pytest.mark.compile
-def test_compiled_calls_keep_the_padded_path(arch):
-    """A compiled call takes the padded path (no data-dependent shape in a graph): one graph under
-    fullgraph=True, the eager padded logits, a stream of batches of other lengths compiles no more
-    graphs than without unpad, and ``status().unpadded`` says why once a graph (not once a call)."""
+def test_compiled_calls_run_on_their_real_tokens(arch):
+    """``torch.compile(model)`` (graphs may break): a padded call runs on its real tokens where the compiled
+    packed row's attention runs by sequence (Llama's from 4.53), else stays padded saying why: each
+    real token's logits its row's alone (stock, unpadded), a pad's zeros (the rule for pads), a plain
+    tensor; the loss and every gradient of a compiled training step the eager padded path's; a stream of
+    five batches of other lengths compiles at most 3 graphs more than without unpad (the host's read is
+    a graph break, the packed call's token count a dynamic size from its second)."""
     from torch._dynamo.testing import CompileCounter
+
+    from hfpatch.unpad import COMPILED_DENSE
+
+    since = COMPILED_BY_SEQUENCE_FROM.get(arch)
+    by_sequence = since is not None and TF >= Version(since)
+    model = tiny(arch)
+    counts = {}
+    for unpad in (False, True):
+        torch._dynamo.reset()
+        counter = CompileCounter()
+        compiled = torch.compile(model, backend=counter)
+        hfpatch.apply(unpad=unpad)
+        calls, dense = UNPADDED["calls"], UNPADDED["padded"].get(COMPILED_DENSE, 0)
+        try:
+            with torch.no_grad():
+                for rows in STREAM:
+                    kwargs = batch(rows)
+                    got = compiled(**kwargs).logits
+                    assert type(got) is torch.Tensor
+                    pads = got[kwargs["attention_mask"] == 0]
+                    assert bool((pads == 0).all()) == (unpad and by_sequence), rows
+                    for r, row in enumerate(rows):
+                        alone = run_alone(model, row)
+                        assert (real(got, kwargs["attention_mask"], r) - alone).abs().max() <= TOLERANCE
+        finally:
+            hfpatch.apply(unpad=False)
+            torch._dynamo.reset()
+        counts[unpad] = counter.frame_count
+        if unpad:
+            ran = UNPADDED["calls"] - calls, UNPADDED["padded"].get(COMPILED_DENSE, 0) - dense
+            assert ran == ((len(STREAM), 0) if by_sequence else (0, len(STREAM))), ran
+    assert counts[True] <= counts[False] + 3, counts
+    model.train()
+    kwargs = batch(ROWS)
+    labels = kwargs["input_ids"].masked_fill(kwargs["attention_mask"] == 0, -100)
+    model.zero_grad(set_to_none=True)
+    with stock():
+        want = model(**kwargs, labels=labels).loss
+        want.backward()
+    want_grads = grads(model)
+    model.zero_grad(set_to_none=True)
+    torch._dynamo.reset()
+    with unpadded():
+        got = torch.compile(model, backend="aot_eager")(**kwargs, labels=labels).loss
+        got.backward()
+    torch._dynamo.reset()
+    assert abs(got.item() - want.item()) <= 1e-5 * max(1.0, abs(want.item()))
+    for name, g in want_grads.items():
+        assert ((grads(model)[name] - g).norm() / g.norm().clamp(min=1e-12)).item() <= 1e-4, name
+
+
+@pytest.mark.slow
+@pytest.mark.compile
+def test_calls_compiled_whole_keep_the_padded_path(arch):
+    """A call compiled with ``fullgraph=True`` (no graph break for the host's read) takes the padded path:
+    one graph, the eager padded logits, a stream of batches of other lengths compiles no more graphs than
+    without unpad, and ``status().unpadded`` says why once a graph (not once a call)."""
+    from torch._dynamo.testing import CompileCounter
+
+    from hfpatch.unpad import ONE_GRAPH
 
     model = tiny(arch)
     counts = {}
@@ -179,9 +246,7 @@ def test_compiled_calls_keep_the_padded_path(arch):
         counter = CompileCounter()
         compiled = torch.compile(model, fullgraph=True, backend=counter)
         hfpatch.apply(unpad=unpad)
-        from hfpatch.unpad import COMPILED
-
-        before = hfpatch.status().unpadded["padded"].get(COMPILED, 0)
+        before = hfpatch.status().unpadded["padded"].get(ONE_GRAPH, 0)
         try:
             with torch.no_grad():
                 for rows in (ROWS, ROWS[:3], [r * 2 for r in ROWS]):
@@ -196,7 +261,7 @@ def test_compiled_calls_keep_the_padded_path(arch):
             torch._dynamo.reset()
         counts[unpad] = counter.frame_count
         if unpad:
-            assert said.get(COMPILED, 0) - before == counter.frame_count, said
+            assert said.get(ONE_GRAPH, 0) - before == counter.frame_count, said
     assert counts[True] <= counts[False], counts
 
 
