@@ -80,8 +80,9 @@ def measure(
         calls += [{"input_ids": torch.randint(1, 1000, (1, length), generator=generator)}] * (sequences - 1)
     for call in calls:
         call["use_cache"] = False
-        if train:
-            call["labels"] = call["input_ids"]
+        if train:  # (no label at a pad: a label a pad would predict keeps the padded path)
+            mask = call.get("attention_mask")
+            call["labels"] = call["input_ids"] if mask is None else call["input_ids"].masked_fill(mask == 0, -100)
     # (an unpadded call reads its layout to the host: a graph break, so not fullgraph=True)
     run = torch.compile(model, fullgraph=what != "unpad") if compiled else model
 
