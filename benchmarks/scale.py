@@ -82,7 +82,9 @@ def measure(
         call["use_cache"] = False
         if train:  # (no label at a pad: a label a pad would predict keeps the padded path)
             mask = call.get("attention_mask")
-            call["labels"] = call["input_ids"] if mask is None else call["input_ids"].masked_fill(mask == 0, -100)
+            call["labels"] = (
+                call["input_ids"] if mask is None else call["input_ids"].masked_fill(mask == 0, -100)
+            )
     # (an unpadded call reads its layout to the host: a graph break, so not fullgraph=True)
     run = torch.compile(model, fullgraph=what != "unpad") if compiled else model
 

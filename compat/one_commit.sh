@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The whole release matrix at one commit: bash compat/one_commit.sh [-j JOBS] [--resume] [RELEASE ...]
-# Measures HEAD (never uncommitted changes: a dirty tree is refused) from a detached worktree of it, so
-# the checkout can move on meanwhile. Per release (compat/matrix.py's, or the ones named), JOBS at a
+# The whole release matrix at one commit: bash compat/one_commit.sh [-j JOBS] [--resume] [--at COMMIT] [RELEASE ...]
+# Measures HEAD (never uncommitted changes: a dirty tree is refused), or an earlier COMMIT whose hfpatch/
+# is HEAD's (a run resumed in a later session, after commits to tests or documents only), from a detached
+# worktree of it, so the checkout can move on meanwhile. Per release (compat/matrix.py's, or the ones named), JOBS at a
 # time (default 1: one torch thread each): a virtualenv layered on one shared base (torch and the test
 # dependencies, installed once), that transformers release, the wheel of HEAD; then
 # `python compat/matrix.py run RELEASE`: the probe (--outside-ranges), the suite split as compat/matrix.py
@@ -20,13 +21,14 @@ if [ -z "${ONE_COMMIT_CHECKOUT:-}" ]; then  # run a copy: the checkout's own fil
 fi
 trap 'rm -f "$0"' EXIT
 cd "$ONE_COMMIT_CHECKOUT"
-jobs=1 resume=0 releases=()
+jobs=1 resume=0 at=HEAD releases=()
 while [ $# -gt 0 ]; do
   case $1 in
     -j) jobs=$2; shift 2 ;;
     -j*) jobs=${1#-j}; shift ;;
     --resume) resume=1; shift ;;
-    -*) echo "usage: bash compat/one_commit.sh [-j JOBS] [--resume] [RELEASE ...]" >&2; exit 2 ;;
+    --at) at=$2; shift 2 ;;
+    -*) echo "usage: bash compat/one_commit.sh [-j JOBS] [--resume] [--at COMMIT] [RELEASE ...]" >&2; exit 2 ;;
     *) releases+=("$1"); shift ;;
   esac
 done
@@ -36,12 +38,16 @@ if [ -n "$(git status --porcelain --untracked-files=no -- hfpatch tests compat p
   exit 1
 fi
 here=$PWD
-commit=$(git rev-parse --short HEAD)
+commit=$(git rev-parse --short "$at")
+if [ -n "$(git diff --name-only "$commit" HEAD -- hfpatch)" ]; then
+  echo "one_commit.sh: $commit's hfpatch/ is not HEAD's: measure HEAD" >&2
+  exit 1
+fi
 [ ${#releases[@]} -gt 0 ] || mapfile -t releases < <(python3 compat/matrix.py releases)
 work=${MATRIX_WORK:-/tmp/hfpatch-matrix}
 tree=$work/tree-$commit
 mkdir -p "$work" compat/results/logs
-[ -d "$tree" ] || git worktree add --detach "$tree" HEAD >/dev/null
+[ -d "$tree" ] || git worktree add --detach "$tree" "$commit" >/dev/null
 base=$work/base
 if [ ! -x "$base/bin/python" ]; then
   python3 -m venv "$base"

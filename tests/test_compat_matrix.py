@@ -219,6 +219,27 @@ def test_one_commit_refuses_a_dirty_tree(tmp_path):
     assert not (tmp_path / "work").exists()
 
 
+def test_one_commit_measures_an_earlier_commit_only_with_heads_runtime(tmp_path):
+    """``--at COMMIT`` (a run resumed after commits to tests or documents) refuses a commit whose hfpatch/
+    is not HEAD's, before installing anything."""
+    repo = tmp_path / "repo"
+    (repo / "compat").mkdir(parents=True)
+    (repo / "hfpatch").mkdir()
+    for name in ("one_commit.sh", "matrix.py", "releases.txt"):
+        (repo / "compat" / name).write_text((COMPAT / name).read_text())
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    for value in (1, 2):
+        (repo / "hfpatch" / "x.py").write_text(f"x = {value}\n")
+        subprocess.run([*git, "add", "."], check=True)
+        subprocess.run([*git, "commit", "-qm", str(value)], check=True)
+    done = subprocess.run(["bash", str(repo / "compat" / "one_commit.sh"), "--at", "HEAD~1"],
+                          capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "MATRIX_WORK": str(tmp_path / "work")})  # fmt: skip
+    assert done.returncode == 1 and "is not HEAD's" in done.stderr
+    assert not (tmp_path / "work").exists()
+
+
 def test_the_collapsed_suite_gives_the_same_cells():
     """A one-commit file keeps one entry per distinct result of a test function (compat/evidence.py's
     collapse_suite), and a column's skips only where nothing in it ran: the report's cells are the same."""
