@@ -344,9 +344,12 @@ def apply_masks(
         return _by_lengths(kwargs, packed)
     positions, segment_ids = (packed.positions, packed.segment_ids) if packed is not None else (None, None)
     eager_mode = not torch.compiler.is_compiling()
-    by_layout = plan.laid_out and used.takes == DENSE and eager_mode
-    if by_layout and not plan.by_layout:  # (its attention calls SDPA itself: SDPA, no weights asked for)
-        by_layout = attention == "sdpa" and not asked(kwargs, config, "output_attentions")
+    # (attention weights asked for, by keyword or the config: the dense mask, whose weights are stock's;
+    # an attention function is not always told: GPT-2's before 5.0)
+    weights = asked(kwargs, config, "output_attentions")
+    by_layout = plan.laid_out and used.takes == DENSE and eager_mode and not weights
+    if by_layout and not plan.by_layout:  # (its attention calls SDPA itself: SDPA only)
+        by_layout = attention == "sdpa"
     if packed is not None and by_layout:  # the layout, once: each layer type's mask (hfpatch.attention)
         from .packed import sequences
 

@@ -130,6 +130,55 @@ def tensors_in(value, depth: int = 0):
             yield from tensors_in(item, depth + 1)
 
 
+@pytest.mark.parametrize("asked", ["output_hidden_states", "output_attentions", "output_attentions=True"])
+@pytest.mark.parametrize("layout", ["no mask", "two right-padded rows"])
+def test_outputs_the_config_asks_for_are_each_sequences_own(arch, attention, layout, asked):
+    """A packed row of a model whose config asks for hidden states or attention weights (as a trainer's
+    or a pipeline's config may, not the call; attention weights by the call's keyword too): every output
+    a plain tensor; each sequence's logits and last hidden states those of the sequence alone (stock);
+    where attention weights come back, each sequence's block of them its own alone and nothing outside it
+    (zeros: no sequence attends to another). GPT-2's eager attention before 5.0 is not told that weights
+    are asked for: its packed rows' weights came back None."""
+    if not kept_here(arch):
+        pytest.skip(f"{arch}'s packed rows are kept from {PACKED_FROM[arch]} (installed {TF})")
+    model = tiny(arch, attention)
+    name, keyword = asked.partition("=")[0], "=" in asked  # (or asked for by the call's keyword)
+    try:
+        setattr(model.config, name, True)
+    except ValueError as exc:  # (5.x: attention weights from the eager attention only)
+        pytest.skip(f"stock transformers {TF} refuses the config: {exc}")
+    if keyword:
+        setattr(model.config, name, False)
+    rows, mask, extra = LAYOUTS[layout]
+    extra = {**extra, name: True} if keyword else extra
+    kwargs, spans = pack(rows, mask)
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (SDPA asked for weights: some releases fall back, saying so)
+            out = model(**kwargs, **extra)
+            alone = {}
+            with stock():
+                for _, _, seq in spans:
+                    ids = torch.tensor([list(seq)])
+                    alone[seq] = model(input_ids=ids, **({name: True} if keyword else {}))
+    finally:
+        setattr(model.config, name, False)
+    kinds = {type(t).__name__ for t in tensors_in(out)}
+    assert kinds <= {"Tensor", "Parameter"}, kinds
+    assert worst(model, out.logits, spans) <= TOLERANCE
+    for r, start, seq in spans:
+        columns = slice(start, start + len(seq))
+        if name == "output_hidden_states":
+            got, want = out.hidden_states[-1][r, columns], alone[seq].hidden_states[-1][0]
+            assert (got - want).abs().max().item() <= TOLERANCE
+        elif out.attentions is not None and alone[seq].attentions is not None:
+            for got, want in zip(out.attentions, alone[seq].attentions):
+                assert (got[r, :, columns, columns] - want[0]).abs().max().item() <= TOLERANCE
+                outside = got[r, :, columns].clone()
+                outside[..., columns] = 0
+                assert outside.abs().max().item() == 0.0
+
+
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_each_packed_sequence_gets_its_own_logits(arch, attention, layout):
     model = tiny(arch, attention)
