@@ -131,7 +131,7 @@ def tensors_in(value, depth: int = 0):
 
 
 @pytest.mark.parametrize("asked", ["output_hidden_states", "output_attentions", "output_attentions=True"])
-@pytest.mark.parametrize("layout", ["no mask", "two right-padded rows"])
+@pytest.mark.parametrize("layout", ["two right-padded rows"])  # (a mask, rows, sequences of several lengths)
 def test_outputs_the_config_asks_for_are_each_sequences_own(arch, attention, layout, asked):
     """A packed row of a model whose config asks for hidden states or attention weights (as a trainer's
     or a pipeline's config may, not the call; attention weights by the call's keyword too): every output
