@@ -189,6 +189,33 @@ def test_a_stream_of_packed_rows_compiles_two_graphs(arch):
 
 
 @pytest.mark.compile
+def test_a_compiled_unpadded_call_holds_no_mask_of_its_real_tokens():
+    """``torch.compile(model)`` under ``apply(unpad=True)``: right-padded rows of the lengths above run on
+    their real tokens (each row's own logits, zeros at the pads), and no graph holds a value as large as a
+    mask of the packed row (its real tokens squared): the packed call's SDPA runs by sequence in the op."""
+    model = model_of("llama", "sdpa", True)
+    rows = rows_of()
+    width, total = max(LENGTHS), sum(LENGTHS)
+    kwargs = {
+        "input_ids": torch.tensor([row + [0] * (width - len(row)) for row in rows]),
+        "attention_mask": torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in rows]),
+    }
+    torch._dynamo.reset()
+    graphs = Graphs()
+    hfpatch.apply(unpad=True)
+    try:
+        with torch.no_grad():
+            logits = torch.compile(model, backend=graphs)(**kwargs, use_cache=False).logits
+    finally:
+        hfpatch.apply(unpad=False)
+        torch._dynamo.reset()
+    assert bool((logits[kwargs["attention_mask"] == 0] == 0).all())  # (run on the real tokens alone)
+    for r, row in enumerate(rows):
+        assert (logits[r, : len(row)] - alone(model, row)).abs().max() <= TOLERANCE
+    assert 0 < graphs.most < total * total, graphs.most
+
+
+@pytest.mark.compile
 def test_a_compiled_call_reads_each_layer_types_layout_once(monkeypatch):
     """A compiled packed row of a model whose layer types alternate (sliding, full, sliding, full): the
     custom op reads each type's layout to the host once a call, however the types alternate, and the
