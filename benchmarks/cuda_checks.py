@@ -58,8 +58,11 @@
    (inductor), rows of 8 x 1,024 and 8 x 4,096 tokens packed against the same model compiled on the
    sequences' own batch: time (CUDA events, median of 5, the compilation not counted), peak memory, each
    sequence's logits at bf16's tolerance, and its device syncs at most one more a layer type than the own
-   batch's (the custom op reads the layout once a call: ``hfpatch::sdpa_by_sequence``); and a compiled
-   training step (fp32, TF32 off) whose loss equals the sequences' own.
+   batch's (the custom op reads the layout once a call: ``hfpatch::sdpa_by_sequence``); a compiled
+   ``apply(unpad=True)`` call (``torch.compile(model)``: its host read a graph break) of 8 rows of 8 x 1,024
+   and 8 x 4,096 slots, one full, against its sequences each run alone compiled (time, memory, logits at
+   bf16's tolerance, zeros at the pads, device syncs at most two more); and a compiled training step (fp32,
+   TF32 off) whose loss equals the sequences' own.
 """
 
 from __future__ import annotations
@@ -647,6 +650,38 @@ def _logits(run, **kwargs) -> torch.Tensor:
     return run(**kwargs, use_cache=False).logits
 
 
+def _compiled_unpadded(run, length: int) -> bool:
+    """A compiled ``unpad=True`` call of 8 rows of ``8 x length`` slots (one full, the others ``length``
+    long) against its sequences each run alone, compiled: time, memory, logits, device syncs (the call's
+    one host read and the custom op's one a layer type, over the sequences' own)."""
+    from hfpatch.tolerances import bound
+
+    ids = torch.randint(1, 1000, (8, 8 * length), device="cuda")
+    mask = torch.zeros_like(ids)
+    mask[0], mask[1:, :length] = 1, 1
+    sizes = [8 * length] + [length] * 7
+    with torch.no_grad():
+        call = functools.partial(_logits, run, input_ids=ids, attention_mask=mask)
+        alone = [functools.partial(_logits, run, input_ids=ids[r : r + 1, :n]) for r, n in enumerate(sizes)]
+        call(), [one() for one in alone]  # (compiles them)
+        own = [_timed(one) for one in alone]
+        ours_ms, ours_mib, ours = _timed(call)
+        _, our_syncs = _syncs(call)
+        own_syncs = sum(_syncs(one)[1] for one in alone)
+    own_ms, own_mib = sum(t[0] for t in own), max(t[1] for t in own)
+    limit = bound(torch.bfloat16, max(t[2].float().abs().max().item() for t in own))
+    worst = max(
+        (ours[r, :n].float() - t[2][0].float()).abs().max().item() for r, (n, t) in enumerate(zip(sizes, own))
+    )
+    pads = bool((ours[mask == 0] == 0).all())  # (run on the real tokens: a pad's logits are zeros)
+    synced = our_syncs <= own_syncs + 2
+    print(f"compiled unpad=True, 8 rows of {8 * length} slots: {ours_ms:.1f} ms / {ours_mib:.0f} MiB, alone "
+          f"{own_ms:.1f} ms / {own_mib:.0f} MiB ({ours_ms / own_ms:.2f}x); {worst:.2e} (tolerance "
+          f"{limit:.1e}) {'ok' if worst <= limit else 'WRONG'}; {'unpadded' if pads else 'PADDED'}; device "
+          f"syncs {our_syncs} against {own_syncs} {'ok' if synced else 'TOO MANY'}")  # fmt: skip
+    return worst <= limit and pads and synced
+
+
 def compiled() -> bool:
     """Check 9: compiled packed rows against the sequences' own batch compiled, a compiled training step."""
     from hfpatch.tolerances import bound
@@ -676,6 +711,13 @@ def compiled() -> bool:
               f"{'ok' if worst <= limit else 'WRONG'}; device syncs {our_syncs} against {own_syncs} "
               f"{'ok' if synced else 'TOO MANY'}")  # fmt: skip
         ok &= worst <= limit and synced
+    hfpatch.apply(unpad=True)
+    try:
+        run = torch.compile(model)  # (not fullgraph: an unpadded call's host read is a graph break)
+        for length in (1024, 4096):
+            ok &= _compiled_unpadded(run, length)
+    finally:
+        hfpatch.apply(unpad=False)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     model = tiny_model("llama", sizes=SMALL, attention="sdpa").to("cuda").train()
     lengths = (50, 300, 7, 130)
