@@ -90,6 +90,53 @@ def test_trainer_with_a_padding_collator(tmp_path, with_lora):
     both_ways(lambda: _loss(trainer, model, batch))
 
 
+@pytest.mark.slow
+@pytest.mark.compile
+def test_trainer_with_torch_compile(tmp_path):
+    """``TrainingArguments(torch_compile=True)``: the Trainer compiles the model itself (dynamo, graphs
+    may break); two training steps on padded batches give the padded run's logged losses and weights,
+    and the unpadded run's calls ran on their real tokens."""
+    from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArguments
+
+    base = tiny_model("llama", attention="sdpa", sizes=NO_DROPOUT).train()
+    results = []
+    for unpad in (False, True):
+        model = copy.deepcopy(base)
+        args = TrainingArguments(
+            output_dir=str(tmp_path / str(unpad)), per_device_train_batch_size=2, max_steps=2,
+            logging_steps=1,
+            learning_rate=5e-5, report_to=[], use_cpu=True, torch_compile=True,
+            torch_compile_backend="aot_eager", save_strategy="no",
+        )  # fmt: skip
+        collator = DataCollatorForLanguageModeling(tokenizer(), mlm=False)
+        trainer = Trainer(
+            model=model, args=args, train_dataset=[{"input_ids": r} for r in ROWS], data_collator=collator
+        )
+        calls = UNPADDED["calls"]
+        hfpatch.apply(unpad=unpad)
+        torch._dynamo.reset()
+        try:
+            trainer.train()
+        finally:
+            hfpatch.apply(unpad=False)
+            torch._dynamo.reset()
+        assert (UNPADDED["calls"] > calls) == unpad, UNPADDED
+        assert hasattr(
+            trainer.model_wrapped, "_orig_mod"
+        )  # (the Trainer's own torch.compile, via accelerate)
+        losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+        results.append((losses, {n: p.detach().clone() for n, p in model.named_parameters()}))
+    (padded, padded_weights), (unpadded, unpadded_weights) = results
+    assert len(padded) == 2 and all(abs(a - b) <= 1e-5 * max(1.0, abs(a)) for a, b in zip(padded, unpadded))
+    # (Adam moves each weight by about the learning rate a step whatever its gradient's size: the runs'
+    # float rounding shows in the weights as a small share of how far they moved)
+    moved = max(
+        (w - p.detach()).abs().max().item() for (n, w), p in zip(padded_weights.items(), base.parameters())
+    )
+    apart = max((unpadded_weights[n] - w).abs().max().item() for n, w in padded_weights.items())
+    assert apart <= 0.01 * moved, (apart, moved)
+
+
 def test_trl_sft_trainer_without_padding_free(tmp_path):
     trl = pytest.importorskip("trl")
     datasets = pytest.importorskip("datasets")
