@@ -136,25 +136,24 @@ def test_outputs_the_config_asks_for_are_each_sequences_own(arch, attention, lay
     """A packed row of a model whose config asks for hidden states or attention weights (as a trainer's
     or a pipeline's config may, not the call; attention weights by the call's keyword too): every output
     a plain tensor; each sequence's logits and last hidden states those of the sequence alone (stock);
-    where attention weights come back, each sequence's block of them its own alone and nothing outside it
-    (zeros: no sequence attends to another). GPT-2's eager attention before 5.0 is not told that weights
+    eager attention's weights, each sequence's block of them its own alone and nothing outside it (zeros:
+    no sequence attends to another). GPT-2's eager attention before 5.0 is not told that weights
     are asked for: its packed rows' weights came back None."""
     if not kept_here(arch):
         pytest.skip(f"{arch}'s packed rows are kept from {PACKED_FROM[arch]} (installed {TF})")
-    model = tiny(arch, attention)
     name, keyword = asked.partition("=")[0], "=" in asked  # (or asked for by the call's keyword)
-    try:
+    if name == "output_attentions" and attention != "eager":
+        # (5.x refuses; 4.x falls back to eager attention, 4.40's without its causal mask on stock)
+        pytest.skip("attention weights are eager attention's")
+    model = tiny(arch, attention)
+    if not keyword:
         setattr(model.config, name, True)
-    except ValueError as exc:  # (5.x: attention weights from the eager attention only)
-        pytest.skip(f"stock transformers {TF} refuses the config: {exc}")
-    if keyword:
-        setattr(model.config, name, False)
     rows, mask, extra = LAYOUTS[layout]
     extra = {**extra, name: True} if keyword else extra
     kwargs, spans = pack(rows, mask)
     try:
         with torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # (SDPA asked for weights: some releases fall back, saying so)
+            warnings.simplefilter("ignore")
             out = model(**kwargs, **extra)
             alone = {}
             with stock():
@@ -166,13 +165,18 @@ def test_outputs_the_config_asks_for_are_each_sequences_own(arch, attention, lay
     kinds = {type(t).__name__ for t in tensors_in(out)}
     assert kinds <= {"Tensor", "Parameter"}, kinds
     assert worst(model, out.logits, spans) <= TOLERANCE
+    if any((alone[seq].logits[0] - run_alone(model, seq)).abs().max() > TOLERANCE for _, _, seq in spans):
+        # (4.40's Llama built with SDPA classes: asked for weights, it falls back to eager attention without
+        # its causal mask)
+        pytest.skip(f"stock {TF}: a sequence alone asked for {name} is not its run without: no reference")
     for r, start, seq in spans:
         columns = slice(start, start + len(seq))
         if name == "output_hidden_states":
             got, want = out.hidden_states[-1][r, columns], alone[seq].hidden_states[-1][0]
             assert (got - want).abs().max().item() <= TOLERANCE
-        elif out.attentions is not None and alone[seq].attentions is not None:
-            for got, want in zip(out.attentions, alone[seq].attentions):
+        else:
+            assert out.attentions is not None and alone[seq].attentions is not None
+            for got, want in zip(out.attentions, alone[seq].attentions, strict=True):
                 assert (got[r, :, columns, columns] - want[0]).abs().max().item() <= TOLERANCE
                 outside = got[r, :, columns].clone()
                 outside[..., columns] = 0
