@@ -297,19 +297,19 @@ def gate(
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not UNPAD[0] or CALL.unpadding or not patched_here(pin):
             return original(self, *args, **kwargs)
+        named = _named(args, kwargs, positional)
+        if named is None:
+            return original(self, *args, **kwargs)  # (its own TypeError)
         if torch.compiler.is_compiling():
             compiles = causal and not mixes  # (a compiled packed row's state layers are not kept apart)
-            found = _compiled_row(original, self, args, kwargs, positional, masks, cache_kw, compiles)
+            found = _compiled_row(self, named, masks, cache_kw, compiles)
             if found is None:  # (said why: counted at the graph break, or once a graph while traced)
                 if not compiles:
                     _compiled()
                 return original(self, *args, **kwargs)
             packed, layout = found  # (the graph resumes here: the packed call and its padding back, traced)
             return padded_back(original(self, **packed), layout)
-        if args:
-            if len(args) > len(positional) or any(name in kwargs for name in positional[: len(args)]):
-                return original(self, *args, **kwargs)  # (its own TypeError)
-            kwargs.update(zip(positional, args))
+        kwargs = named
         mask = kwargs.get("attention_mask")
         labels = kwargs.get("labels")
         targets = _shifted(labels, mask) if causal and isinstance(mask, Tensor) else labels
@@ -365,39 +365,36 @@ def _one_graph() -> bool:
     return one
 
 
+def _named(args: tuple, kwargs: dict, positional: list) -> Optional[dict]:
+    """A head's call's arguments by name (its positional ones named as its ``forward`` names them), or
+    None where they do not bind (the call's own ``TypeError`` is the original's to raise)."""
+    if not args:
+        return kwargs
+    if len(args) > len(positional) or any(name in kwargs for name in positional[: len(args)]):
+        return None
+    return {**kwargs, **dict(zip(positional, args))}
+
+
 def _compiled_row(
-    original: Callable,
-    model: Any,
-    args: tuple,
-    kwargs: dict,
-    positional: list,
-    masks: Any,
-    cache_kw: Any,
-    compiles: bool,
+    model: Any, kwargs: dict, masks: Any, cache_kw: Any, compiles: bool
 ) -> Optional[tuple[dict, Layout]]:
     """A compiled causal LM head's call as its packed row and the layout to pad it back by, or None (it
     stays padded, counted): the host's read and every decision in eager mode, a graph break
     (:data:`_EAGER`) where the graph may break, so that the packed call after it is traced on the real
     tokens alone (their count a dynamic size from the second count on: two graphs for a stream of them);
     where the graph may not break, it stays padded."""
-    named = {**kwargs, **dict(zip(positional, args))}
-    ids, mask = named.get("input_ids"), named.get("attention_mask")
+    ids, mask = kwargs.get("input_ids"), kwargs.get("attention_mask")
     if not (isinstance(ids, Tensor) and isinstance(mask, Tensor) and ids.dim() == 2 and ids.shape[1] > 1):
         return None  # (by shapes alone, no graph break: a decode step, inputs by embeddings, no mask)
     if mask.shape != ids.shape or not compiles or _one_graph():
         return None
-    return _EAGER(original, model, args, kwargs, positional, masks, cache_kw)
+    return _EAGER(model, kwargs, masks, cache_kw)
 
 
 def _compiled_row_eagerly(
-    original: Callable, model: Any, args: tuple, kwargs: dict, positional: list, masks: Any, cache_kw: Any
+    model: Any, kwargs: dict, masks: Any, cache_kw: Any
 ) -> Optional[tuple[dict, Layout]]:
-    if len(args) > len(positional) or any(name in kwargs for name in positional[: len(args)]):
-        return None
-    kwargs = {**kwargs, **dict(zip(positional, args))}
-    mask = kwargs.get("attention_mask")
-    if not isinstance(mask, Tensor):
-        return None
+    mask = kwargs["attention_mask"]
     targets = _shifted(kwargs.get("labels"), mask)
     host = read_host(kwargs, targets)
     if host is None:

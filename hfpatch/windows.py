@@ -291,15 +291,19 @@ def _flash_takes_lengths() -> bool:
         return False
 
 
+def _layout_as_data(plan: MaskPlan, attention: Any) -> bool:
+    """Whether a compiled packed row's layout reaches the class's SDPA as data (the custom op runs it by
+    sequence: :mod:`hfpatch.compiled`)."""
+    return attention == "sdpa" and plan.as_data and plan.form == MASK_FUNCTIONS and OP
+
+
 def by_sequence_compiled(model: Any, plan: Optional[MaskPlan]) -> bool:
     """Whether a compiled packed row of ``model`` reaches its attention by sequence, not by a dense mask:
-    SDPA by its layout (:mod:`hfpatch.compiled`), flex by a ``BlockMask``, flash by the lengths."""
+    SDPA by its layout, flex by a ``BlockMask``, flash by the lengths."""
     attention, used = backend(model)
     if used is None or plan is None or not used.keeps(plan):
         return False
-    if used.takes == DENSE:
-        return attention == "sdpa" and plan.as_data and plan.form == MASK_FUNCTIONS and OP
-    return True
+    return _layout_as_data(plan, attention) if used.takes == DENSE else True
 
 
 def apply_masks(
@@ -360,7 +364,7 @@ def apply_masks(
         }
         kwargs["attention_mask"] = _handed(made, named, types, plan, mask[:, -num_new:])
         return None
-    if packed is not None and plan.as_data and plan.form == MASK_FUNCTIONS and attention == "sdpa" and OP:
+    if packed is not None and _layout_as_data(plan, attention):
         # compiled (traced once: no group by group here): each layer type's layout as one small tensor,
         # which the module's SDPA runs by sequence in a custom op (hfpatch.attention.sdpa_by_sequence)
         real = mask != 0
