@@ -131,6 +131,31 @@ def test_each_sequence_within_its_regimes_tolerance(arch, regime, layout, attent
     assert worst <= bound(REGIMES[regime][1] or REGIMES[regime][0], scale), (regime, layout, worst, scale)
 
 
+@pytest.mark.slow
+@pytest.mark.compile
+@pytest.mark.parametrize("regime", ["autocast bf16", "autocast fp16"])
+def test_a_compiled_unpadded_call_under_autocast(regime):
+    """``torch.compile(model)`` under ``apply(unpad=True)`` and autocast over fp32 weights (Llama, SDPA,
+    where its compiled packed rows run by sequence): the call runs on its real tokens (a pad's logits are
+    zeros), each sequence within its regime's tolerance of itself alone in the regime."""
+    if TF < Version("4.53") or arch_skip_reason("llama"):
+        pytest.skip(f"Llama's compiled packed rows run SDPA by sequence from 4.53 (installed {TF})")
+    model = model_in("llama", "sdpa", regime)
+    rows = [[5, 6, 7, 8, 9, 10, 11], [12, 13], [14, 15, 16], [17]]
+    ids, mask = padded(rows, False)
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad(), within(regime), unpadding(True):
+            out = torch.compile(model, backend="eager")(input_ids=ids, attention_mask=mask).logits.float()
+    finally:
+        torch._dynamo.reset()
+    assert bool((out[mask == 0] == 0).all())
+    pairs = [(out[r][mask[r] != 0], alone(model, regime, row)) for r, row in enumerate(rows)]
+    scale = max(want.abs().max().item() for _, want in pairs)
+    worst = max((got - want).abs().max().item() for got, want in pairs)
+    assert worst <= bound(REGIMES[regime][1], scale), (regime, worst, scale)
+
+
 @pytest.mark.parametrize("layout", ["packed", "unpadded"])
 @pytest.mark.parametrize("attention", ["eager", "sdpa"])
 @pytest.mark.parametrize("regime", ["autocast bf16", "autocast fp16"])
