@@ -141,8 +141,7 @@ def _frames(model, passed: bool) -> int:
             if event == "call":
                 count[0] += 1
 
-        gc.collect()  # (a collection inside the step would count the finalizers it runs)
-        gc.disable()
+        gc.disable()  # (a collection inside the step would count the finalizers it runs)
         sys.setprofile(profile)
         try:
             model(**step, use_cache=True)

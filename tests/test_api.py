@@ -176,6 +176,7 @@ def test_unpatched_restores_exactly_the_state_found(two):
 ARCH = ABSOLUTE  # gpt2: absolute
 
 
+@pytest.mark.slow  # the doctor and verify() in a thread beside a serving one: nox -s ci runs it
 def test_a_serving_thread_stays_exact_while_others_compare_with_stock(capsys):
     """A thread serves a patched GPT-2 (a left-padded batch, which stock gets wrong) while another
     thread runs verify() on the same model and on a model type, the doctor, and unpatched() blocks:

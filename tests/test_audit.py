@@ -88,6 +88,7 @@ def truth(records, models) -> dict:
     return counts
 
 
+@pytest.mark.slow  # two subprocesses that build models: nox -s ci runs it
 def test_audit_leaves_results_stock_and_counts_what_each_row_alone_says(tmp_path):
     _need("gpt2", "llama", "mistral")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}

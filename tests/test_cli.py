@@ -42,6 +42,7 @@ def _one_line_error(result, code):
     return lines[0]
 
 
+@pytest.mark.slow  # the doctor is the quick start's first command: nox -s ci runs it here
 def test_doctor_shows_bug_and_fix():
     """The doctor says what it knows, why stock is wrong for each kind of model, and shows both kinds:
     GPT-2 (absolute positions) wrong on stock with left padding in one call, Llama (rotary) right there

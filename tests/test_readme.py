@@ -24,6 +24,7 @@ def test_readme_is_short():
     assert len(README.splitlines()) <= 200, "the README is for users: internals go to docs/"
 
 
+@pytest.mark.slow  # a subprocess an example: nox -s ci runs them
 @pytest.mark.parametrize("number", range(len(EXAMPLES)))
 def test_readme_examples_run_as_printed(number, tmp_path):
     """A script prints an exact result first and a verify table; a pytest example (a ``test_`` function)

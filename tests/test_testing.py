@@ -293,6 +293,7 @@ def _model(arch):
     return _models[arch]
 
 
+@pytest.mark.slow  # a pytest in a subprocess: nox -s ci runs it
 def test_the_pytest_plugin_gives_every_suite_the_fixture(tmp_path):
     """Installed hfpatch registers the fixture through the ``pytest11`` entry point: a test suite that
     imports nothing of hfpatch has it."""
