@@ -228,6 +228,7 @@ def test_launcher_names_hfpatch_in_rays_runtime_env_hook():
     assert "RAY_RUNTIME_ENV_HOOK=their.hook is kept" in result.stderr and len(result.stderr.splitlines()) == 1
 
 
+@pytest.mark.slow  # a subprocess that imports every model type: nox -s ci runs it
 def test_status_lists_every_type_in_100_columns_and_named_ones_in_full():
     everything = _run("status")
     assert everything.returncode == 0, everything.stderr

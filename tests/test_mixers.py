@@ -475,6 +475,7 @@ def test_unpadded_call_and_its_cache(arch):
         hfpatch.apply(unpad=False)
 
 
+@pytest.mark.slow  # imports every mixer type's module: nox -s ci runs it
 def test_status_keeps_their_packed_rows():
     for kind, arch in KINDS.items():
         if arch_skip_reason(arch) is None:

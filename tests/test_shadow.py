@@ -150,6 +150,7 @@ def test_a_bad_rate_is_a_value_error_naming_it(rate):
             pass
 
 
+@pytest.mark.slow  # subprocesses through the launcher: nox -s ci runs it
 def test_hfpatch_shadow_variable_with_the_launcher():
     environ = {k: v for k, v in os.environ.items() if not k.startswith("HFPATCH_")}
     run = [sys.executable, "-m", "hfpatch", "run", "--", sys.executable, "-c"]
@@ -219,6 +220,7 @@ def test_generate_steps_are_checked(model):
     assert report.checked == 2 * steps and report.mismatches == 0, (report, kinds)
 
 
+@pytest.mark.slow  # a subprocess under hfpatch audit: nox -s ci runs it
 def test_the_shadow_under_hfpatch_audit():
     """HFPATCH_SHADOW with hfpatch audit: the audited process runs stock, and the shadow checks it."""
     if arch_skip_reason("gpt2"):
