@@ -33,16 +33,14 @@ from typing import Any
 from . import caches
 from ._context import CarryContext, Pin, SdpaSwitch, Users
 from .attention import module_rows
-from .declarations import Adapter
+from .declarations import Adapter, kept
 from .decoders import HANDS_TO, receiver
 from .deltas import delta_rows
 from .forward import (
     handing_generated_masks,
     make_forward,
-    packed_support,
     recording_generated_masks,
     takes_keyword,
-    why_padded_here,
 )
 from .mixers import mixer_rows
 from .packed import handing_on, task_heads
@@ -50,6 +48,7 @@ from .patches import ABSENT, Patch
 from .plans import read_plan
 from .rope import per_row_forward, rotary_classes
 from .unpad import causal_lm_head, gate
+from .verdict import padded_here, support
 from .windows import MASK_FUNCTIONS, given_mask
 
 __all__ = ["CHECKPOINT_FUNCTION", "build"]
@@ -72,7 +71,8 @@ def build(adapter: Adapter, module: Any, pin: Pin) -> tuple[Patch, ...]:
     plan = read_plan(adapter, original, owner)
     if not takes_keyword(original, "position_ids") and not any(h.takes_positions or h.drops for h in heads):
         plan = plan._replace(no_positions=True)
-    keeps = adapter.packed is None and packed_support(adapter, plan).startswith("yes")  # its packed rows
+    said = support(adapter, plan)
+    keeps = adapter.packed is None and kept(said)  # its packed rows, by its module's attention
     # a model without attention whose heads drop the mask (RWKV's): it reaches its forward the same way
     masks_dropped = (
         not adapter.family.attends and plan.mixers and any(h.drops_mask is not None for h in heads)
@@ -116,7 +116,7 @@ def build(adapter: Adapter, module: Any, pin: Pin) -> tuple[Patch, ...]:
         rows.extend(mixer_rows(module))
     keys = {row.key for row in rows}  # a wrapper that keeps rope deltas: its cached calls by real tokens
     rows.extend(row for row in delta_rows(module, pin) if row.key not in keys)
-    unpads = why_padded_here(adapter, plan) is None
+    unpads = padded_here(adapter, plan, said) is None
     for head in heads:  # (where they are not kept, a head that drops a packed row's inputs drops them)
         mask_at = head.drops_mask if masks_dropped else None
         hands_on = (head.drops and keeps) or mask_at is not None

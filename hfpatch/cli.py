@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any, Optional
 
 from . import __version__, engine
+from .declarations import kept
 from .launcher import audit, run
 
 __all__ = ["main"]
@@ -158,7 +159,7 @@ def doctor() -> int:
         print(f"{result}\n")
     sizes = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2}
     for arch, attention in (("llama", "sdpa"), ("qwen3_5_text", "sdpa")):
-        if status[arch].state == engine.APPLIED and status[arch].packed.startswith("yes"):
+        if status[arch].state == engine.APPLIED and kept(status[arch].packed):
             label = f"{arch}, {'SDPA' if attention == 'sdpa' else attention}"
             failed |= not _packed_and_unpadded(tiny_model(arch, attention=attention, sizes=sizes), label)
     return WRONG if failed else OK

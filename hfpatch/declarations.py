@@ -22,6 +22,8 @@ __all__ = [
     "Adapter",
     "Family",
     "Undeclared",
+    "kept",
+    "why_not",
 ]
 
 # where a family's positions go when the patched forward takes none (Family.hands_to; hfpatch.decoders)
@@ -161,6 +163,17 @@ NOT_FIXABLE = "not fixable by positions"
 NOT_COVERED = "not covered"
 # a multimodal or speech wrapper whose language model is a class hfpatch patches (llava runs LlamaModel)
 THROUGH_LANGUAGE_MODEL = "through its language model"
+
+
+def kept(said: str) -> bool:
+    """Whether an answer on packed rows (``Adapter.packed``'s, or ``status()``'s ``packed``: ``"yes ..."``
+    or ``"no: why"``) says they are kept to their sequences: the one reading of one."""
+    return said.startswith("yes")
+
+
+def why_not(said: str) -> str:
+    """The reason an answer on packed rows gives (``"no: why"`` -> ``why``)."""
+    return said.removeprefix("no: ")
 
 
 class Undeclared(NamedTuple):

@@ -47,13 +47,14 @@ from .declarations import Adapter
 from .decoders import call_with_positions
 from .mixers import AS_STOCK, Runs, call_runs, with_runs
 from .observers import WATCHERS, run_watched
-from .packed import NOT_KEPT, Packed, packed_rows, positions_from_lengths, warn_not_kept
+from .packed import Packed, packed_rows, positions_from_lengths, warn_not_kept
 from .patches import ABSENT, Patch
 from .plans import NO_SLOTS, SLOTS, SLOTS_REMOVED, Plan
 from .positions import cache_positions, call_inputs, has_holes, new_token_positions
 from .sources import forward_tree, keeps_state
 from .unpad import PADDED, causal_lm_head, read_host, unpadding
-from .windows import MIXED, NO_4D_MASK, MaskPlan, apply_masks, configured_window, kept_on, packed_not_kept
+from .verdict import not_kept, padded_here, support
+from .windows import MIXED, MaskPlan, apply_masks, configured_window
 
 __all__ = [
     "LeaveToStock",
@@ -63,7 +64,6 @@ __all__ = [
     "recording_generated_masks",
     "warn_left_to_stock",
     "watched",
-    "why_padded_here",
 ]
 
 Past = Union[int, torch.Tensor]  # cached tokens before this call: an int, or a 0-d tensor (static caches)
@@ -98,8 +98,8 @@ def make_forward(adapter: Adapter, original: Callable, plan: Plan, pin: Pin) -> 
     # Mamba's): they found the call's sequences, and go no further
     drops_positions = trims and not takes_keyword(original, "position_ids")
     prepare_states = _preparing_states(plan, original)  # a cache of states made right for the call
-    # apply(unpad=True): None where its padded calls may run on their real tokens, else why they stay padded
-    stays_padded = why_padded_here(adapter, plan)
+    said = support(adapter, plan)  # whether its packed rows are kept (status()'s answer); apply(unpad=True):
+    stays_padded = padded_here(adapter, plan, said)  # None where its padded calls may run on real tokens
     # explicit position_ids leave nothing to derive (4.38-5.3: unless a static cache's slots are missing)
     passes_explicit = plan.era != SLOTS
     other = next((name for name in CACHE_NAMES if name != cache_kw), None)  # the cache's other name
@@ -167,7 +167,7 @@ def make_forward(adapter: Adapter, original: Callable, plan: Plan, pin: Pin) -> 
                 and (family is None or from_mask)
             ):  # (one new token and no window, every generate() step: no packed row, no hole to look at)
                 if windowed or given_positions.__class__ is not Tensor or given_positions.shape[-1] > 1:
-                    packed = given_masks(self, adapter, plan, kwargs, cache, pin)
+                    packed = given_masks(self, adapter, plan, said, kwargs, cache, pin)
         except (LeaveToStock, caches.MaskDoesNotFit) as exc:
             warn_left_to_stock(arch, str(exc))
             return original(self, **given)
@@ -190,7 +190,7 @@ def make_forward(adapter: Adapter, original: Callable, plan: Plan, pin: Pin) -> 
         return original(self, **kwargs)
 
     forward.__hfpatch_adapter__ = arch  # type: ignore[attr-defined]
-    forward.__hfpatch_packed__ = packed_support(adapter, plan)  # type: ignore[attr-defined]
+    forward.__hfpatch_packed__ = said  # type: ignore[attr-defined]
     return forward
 
 
@@ -258,24 +258,6 @@ def warn_left_to_stock(arch: str, why: str) -> None:
     warn_once(("left to stock", arch, why.split()[0]), message, stacklevel=4)
 
 
-def why_padded_here(adapter: Adapter, plan: Plan) -> Optional[str]:
-    """Why ``apply(unpad=True)`` keeps every padded call of this class padded, or None where it may run one
-    on its real tokens: a decoder-only class whose packed rows the release can keep (its plan says; the
-    attention and the call are checked per call)."""
-    family = adapter.family
-    if family.seq2seq or (family.hands_to and not family.from_mask):
-        return "an encoder-decoder model (hfpatch unpads decoder-only models)"
-    if family.multimodal:
-        return "a vision-language model (hfpatch unpads its language model's calls, not its own)"
-    if adapter.packed is not None and adapter.packed.startswith("yes"):  # declared: by its language model
-        return "its language model's calls only (hfpatch unpads those given token ids)"
-    if not family.attends and plan.mixers:
-        return None
-    if adapter.packed is not None or plan.masks is None or not plan.masks.packed or plan.keeps_keys:
-        return NOT_KEPT
-    return None
-
-
 def padded(forward: Callable, model: Any, kwargs: dict) -> Any:
     """The call on the padded path: ``forward`` again, with ``CALL.unpad`` False inside (so that no patched
     call inside it, a vision-language model's language model, is unpadded or counted again)."""
@@ -284,36 +266,6 @@ def padded(forward: Callable, model: Any, kwargs: dict) -> Any:
         return forward(model, **kwargs)
     finally:
         CALL.unpad = before
-
-
-def packed_support(adapter: Adapter, plan: Plan) -> str:
-    """What ``status()`` says of a patched class's packed rows (rows whose positions restart): ``yes`` and
-    the attention that gets the mask by sequence, or ``no: why``."""
-    family = adapter.family
-    if adapter.packed is not None:
-        return adapter.packed
-    if family.seq2seq or (family.hands_to is not None and not family.from_mask):
-        return f"no: {SEQ2SEQ}"
-    if plan.keeps_keys:
-        return f"no: {KEEPS_KEYS}"
-    if plan.no_positions:
-        return f"no: {NO_POSITIONS}"
-    if not family.attends and plan.mixers:
-        return f"yes ({STATE_LAYERS})"
-    masks = plan.masks
-    if masks is None or not masks.packed:
-        return f"no: {NO_4D_MASK}"
-    alibi = "; not with alibi=True" if masks.alibi and family.hands_to is None else ""  # (Falcon's)
-    state = f"; {STATE_LAYERS}" if plan.mixers else ""
-    return f"yes ({', '.join(kept_on(masks))}{alibi}{state})"
-
-
-STATE_LAYERS = "its layers that carry a state run each sequence alone"
-KEEPS_KEYS = "its attention keeps its keys on itself (a window of its own): no mask by sequence reaches them"
-NO_POSITIONS = "neither it nor its task heads take position_ids here: no packed row's positions can be passed"
-SEQ2SEQ = (
-    "a decoder (or encoder) of an encoder-decoder model: hfpatch keeps the packed rows of decoder-only models"
-)
 
 
 def watched(
@@ -336,7 +288,7 @@ def watched(
 
 
 def given_masks(
-    model: Any, adapter: Adapter, plan: Plan, kwargs: dict, cache: Any, pin: Pin
+    model: Any, adapter: Adapter, plan: Plan, said: str, kwargs: dict, cache: Any, pin: Pin
 ) -> Optional[Packed]:
     """A call with the caller's positions: a row whose positions restart is kept to the sequences it
     packs (:mod:`hfpatch.packed`; its layout returned: its 2-D mask, for a position module that reads it,
@@ -355,7 +307,7 @@ def given_masks(
             return found  # (no attention: its state layers alone keep it, hfpatch.mixers)
         if found is not None:
             mask = found.mask
-            why = KEEPS_KEYS if plan.keeps_keys else _not_kept(model, adapter, masks, kwargs)
+            why = not_kept(model, adapter, plan, said, kwargs.get("attention_mask") is not None)
             if why is None:
                 if torch.compiler.is_compiling():
                     _install_while_tracing(pin)  # (at trace time, outside the graph: no guard on it)
@@ -390,16 +342,6 @@ def _install_while_tracing(pin: Pin) -> bool:
     if late is not None:
         late()
     return True
-
-
-def _not_kept(model: Any, adapter: Adapter, masks: Optional[MaskPlan], kwargs: dict) -> Optional[str]:
-    """Why a packed row of ``model`` cannot be kept to its sequences here ("" where transformers' own
-    packed path runs, or its language model keeps it), or None where it can."""
-    if adapter.packed is not None:  # declared: kept by its language model (""), or why not
-        return "" if adapter.packed.startswith("yes") else adapter.packed.removeprefix("no: ")
-    if adapter.family.seq2seq or (adapter.family.hands_to is not None and not adapter.family.from_mask):
-        return SEQ2SEQ
-    return packed_not_kept(model, masks, kwargs.get("attention_mask") is not None)
 
 
 def given_windows(model: Any, plan: Plan, masks: MaskPlan, kwargs: dict, cache: Any) -> None:

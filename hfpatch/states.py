@@ -12,7 +12,7 @@ from typing import Any, NamedTuple, Optional
 
 from . import custom
 from ._context import CALL, PACKED, Pin
-from .declarations import NOT_COVERED, Adapter, Undeclared
+from .declarations import NOT_COVERED, Adapter, Undeclared, kept, why_not
 from .patches import Patch
 from .support import (
     CUSTOM,
@@ -245,8 +245,8 @@ def packed_answer(state: Any, how: str) -> str:
     if how != APPLIED:
         declared = state.adapter.packed
         why = (
-            declared.removeprefix("no: ")
-            if declared and declared.startswith("no")
+            why_not(declared)
+            if declared and not kept(declared)
             else "not patched until its module is imported (hfpatch status TYPE imports it)"
             if how == WAITING
             else f"not patched ({how})"
@@ -266,9 +266,9 @@ def packed_undeclared(entry: Undeclared, answers: Mapping[str, str]) -> str:
     if not own:
         return "no: hfpatch does not patch it"
     name = entry.language_model
-    if own.startswith("yes"):
+    if kept(own):
         return f"yes: by its language model, which the {name!r} adapter patches {own[3:].strip()}"
-    return f"no: its language model's ({name!r}): {own.removeprefix('no: ')}"
+    return f"no: its language model's ({name!r}): {why_not(own)}"
 
 
 def new_types(version: Any, known: list[str]) -> tuple[AdapterStatus, ...]:
