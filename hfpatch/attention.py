@@ -37,6 +37,7 @@ from typing import Any, NamedTuple, Optional
 import torch
 from torch import Tensor
 
+from .backends import BACKENDS, EAGER, SDPA, Backend, by_sequence_on
 from .patches import Patch
 from .positions import window_mask
 
@@ -56,7 +57,6 @@ __all__ = [
     "module_rows",
 ]
 
-BY_SEQUENCE = ("sdpa", "eager")  # the attentions run one group of sequences at a time
 LAYOUT = "_hfpatch_layout"  # on a layer type's mask: its ByLayout
 RUNS = "_hfpatch_runs"  # on the 2-D mask of layers that carry a state: the call's sequences (hfpatch.mixers)
 
@@ -115,6 +115,8 @@ def by_layout(original: Callable, kind: str, registry: Any = None) -> Callable:
     function as it is, after one class test (the cost of every other call: its one frame)."""
     if getattr(original, "__hfpatch_by_layout__", False):
         return original
+    row = by_sequence_on(kind)  # (its row of hfpatch.backends: by sequence on a dense mask, or None)
+    as_data = row is not None and row.as_data  # (compiled: the layout as data, the custom op)
     if registry is None:
         own, shared = {}, {kind: original}
     elif isinstance(registry, dict):
@@ -130,20 +132,20 @@ def by_layout(original: Callable, kind: str, registry: Any = None) -> Callable:
             laid = (
                 attention_mask.__class__ is Tensor and attention_mask.dtype is LAID_DTYPE
             )  # (else: one test)
-            if laid and kind == "sdpa" and _is_layout(attention_mask, query):
+            if laid and as_data and _is_layout(attention_mask, query):
                 return _compiled_by_sequence(
                     function, module, query, key, value, attention_mask, args, kwargs
                 )
             return function(module, query, key, value, attention_mask, *args, **kwargs)
-        return _laid_out(function, kind, module, query, key, value, attention_mask, args, kwargs)
+        return _laid_out(function, row, module, query, key, value, attention_mask, args, kwargs)
 
     attention.__hfpatch_by_layout__ = True  # type: ignore[attr-defined]
     return attention
 
 
 def _laid_out(
-    function: Callable, kind: str, module: Any, query: Tensor, key: Tensor, value: Tensor, mask: Tensor,
-    args: tuple, kwargs: dict,
+    function: Callable, row: Optional[Backend], module: Any, query: Tensor, key: Tensor, value: Tensor,
+    mask: Tensor, args: tuple, kwargs: dict,
 ) -> Any:  # fmt: skip
     """An attention call whose mask carries a layout: by sequence, or on the dense mask it stands for."""
     layout = mask.__dict__.get(LAYOUT)
@@ -152,10 +154,10 @@ def _laid_out(
     batch, length = layout.sequences.shape
     fits = query.shape[0] == batch and query.shape[2] == length and key.shape[2] == length
     asked = kwargs.get("output_attentions") or kwargs.get("position_bias") is not None
-    if kind not in BY_SEQUENCE or args or not fits or asked or torch.compiler.is_compiling():
-        dense = _dense(mask, layout, None if kind == "sdpa" else query.dtype)
+    if row is None or args or not fits or asked or torch.compiler.is_compiling():
+        dense = _dense(mask, layout, query.dtype if row is not None and row.additive else None)
         return function(module, query, key, value, dense, *args, **kwargs)
-    return by_sequence(function, kind, module, query, key, value, layout, kwargs)
+    return by_sequence(function, row, module, query, key, value, layout, kwargs)
 
 
 # --- compiled code: the layout as one tensor, and the kernels by sequence as one custom op ---------------
@@ -221,20 +223,21 @@ def _dense_of(layout: Tensor) -> Tensor:
 
 
 def by_sequence(
-    original: Callable, kind: str, module: Any, query: Tensor, key: Tensor, value: Tensor, mask: ByLayout,
+    original: Callable, row: Backend, module: Any, query: Tensor, key: Tensor, value: Tensor, mask: ByLayout,
     kwargs: dict,
 ) -> tuple[Tensor, None]:  # fmt: skip
-    """``original`` on each group of sequences alone; the outputs put back in place, ``[batch, length,
-    heads, dim]`` (the layout of transformers' attention functions' output)."""
+    """``original`` (an attention function of ``row``'s backend) on each group of sequences alone; the
+    outputs put back in place, ``[batch, length, heads, dim]`` (the layout of transformers' attention
+    functions' output)."""
     seq = mask.sequences
     batch, length = seq.shape
-    plain = mask.window is None and mask.chunk is None and kind == "sdpa"
-    kwargs = {**kwargs, "is_causal": plain} if kind == "sdpa" else kwargs  # (a model may pass False)
+    plain = mask.window is None and mask.chunk is None and row.causal
+    kwargs = {**kwargs, "is_causal": plain} if row.causal else kwargs  # (a model may pass False)
     flat = [t.transpose(1, 2).reshape(batch * length, t.shape[1], t.shape[3]) for t in (query, key, value)]
     out: Optional[Tensor] = None
     for group in seq.parts:
         q, k, v = (t[group.index].transpose(1, 2) for t in flat)  # [sequences, heads, longest, dim]
-        part = None if plain else _part_mask(mask, group, None if kind == "sdpa" else q.dtype)
+        part = None if plain else _part_mask(mask, group, q.dtype if row.additive else None)
         attended, _ = original(module, q, k, v, part, **kwargs)  # [sequences, longest, heads, dim]
         if out is None:  # in the attention's output dtype: autocast's, not the query's
             out = attended.new_zeros(batch * length, query.shape[1], value.shape[3])
@@ -307,7 +310,7 @@ def _inline(args: tuple, kwargs: dict) -> Tensor:
         fits = query.shape[0] == batch and query.shape[2] == length and key.shape[2] == length
         if fits and not given.get("is_causal") and set(given) <= _SDPA_TAKEN:  # (grouped keys: repeated)
             extra = {"dropout": given.get("dropout_p", 0.0), "scaling": given.get("scale")}
-            out, _ = by_sequence(sdpa_call, "sdpa", None, query, key, value, layout, extra)
+            out, _ = by_sequence(sdpa_call, BACKENDS[SDPA], None, query, key, value, layout, extra)
             return out.transpose(1, 2)
         mask = _dense(mask, layout, None)
     plain = [t.as_subclass(Tensor) if isinstance(t, Tensor) else t for t in (query, key, value, mask)]
@@ -349,7 +352,7 @@ def carrier(layout: ByLayout, dtype: torch.dtype) -> Tensor:
     return carried(placeholder, layout)
 
 
-MAPPING, EAGER = "ALL_ATTENTION_FUNCTIONS", "eager_attention_forward"
+MAPPING, EAGER_FUNCTION = "ALL_ATTENTION_FUNCTIONS", "eager_attention_forward"
 
 
 def module_rows(module: Any) -> list[Patch]:
@@ -366,9 +369,9 @@ def module_rows(module: Any) -> list[Patch]:
         local = _own_interface(mapping)
         if local is not None:
             rows.append(Patch(namespace, MAPPING, mapping, local, late=True))
-    eager = namespace.get(EAGER)
+    eager = namespace.get(EAGER_FUNCTION)
     if callable(eager) and not getattr(eager, "__hfpatch_by_layout__", False):
-        rows.append(Patch(namespace, EAGER, eager, by_layout(eager, "eager"), late=True))
+        rows.append(Patch(namespace, EAGER_FUNCTION, eager, by_layout(eager, EAGER), late=True))
     return rows
 
 
@@ -378,11 +381,11 @@ def _own_interface(mapping: Any) -> Any:
     other entry read from ``mapping`` at each call too (a function a program registers, or sets on it,
     after ``apply()`` reaches the module as without hfpatch)."""
     try:
-        sdpa = by_layout(mapping["sdpa"], "sdpa", mapping)
+        sdpa = by_layout(mapping[SDPA], SDPA, mapping)
     except (KeyError, TypeError):  # (no SDPA entry: nothing to run by layout)
         return None
     if isinstance(mapping, dict):  # 4.48-4.51: the registry is a dict its modules read by key
-        made: Any = ChainMap({"sdpa": sdpa}, mapping)
+        made: Any = ChainMap({SDPA: sdpa}, mapping)
     elif isinstance(getattr(mapping, "_local_mapping", None), dict):
         made = _interface_over(mapping, sdpa)
     else:
@@ -402,10 +405,10 @@ def _interface_over(mapping: Any, sdpa: Callable) -> Any:
 
     class Own(base):  # type: ignore[misc, valid-type]
         def __getitem__(self, key: str) -> Any:
-            return sdpa if key == "sdpa" else mapping[key]
+            return sdpa if key == SDPA else mapping[key]
 
         def __contains__(self, key: object) -> bool:
-            return key == "sdpa" or key in mapping
+            return key == SDPA or key in mapping
 
         def __setitem__(self, key: str, value: Any) -> None:
             mapping[key] = value
@@ -422,7 +425,7 @@ def _interface_over(mapping: Any, sdpa: Callable) -> Any:
     if hasattr(base, "get_interface"):  # (5.x: the attention classes look an entry up by it)
 
         def get_interface(self: Any, implementation: str, default: Callable) -> Callable:
-            return sdpa if implementation == "sdpa" else mapping.get_interface(implementation, default)
+            return sdpa if implementation == SDPA else mapping.get_interface(implementation, default)
 
         Own.get_interface = get_interface  # type: ignore[attr-defined]
     return Own()

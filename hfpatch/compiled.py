@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from .attention import ByLayout, by_sequence, sdpa_call
+from .backends import BACKENDS, SDPA
 from .packed import Packed, sequences
 
 __all__ = ["OP", "sdpa_by_sequence", "sdpa_by_sequence_backward"]
@@ -49,9 +50,9 @@ def _read_layout(layout: Tensor) -> ByLayout:
 
 
 def _run(query: Tensor, key: Tensor, value: Tensor, layout: Tensor, scale: Optional[float]) -> Tensor:
-    return by_sequence(sdpa_call, "sdpa", None, query, key, value, _read_layout(layout), {"scaling": scale})[
-        0
-    ]
+    return by_sequence(
+        sdpa_call, BACKENDS[SDPA], None, query, key, value, _read_layout(layout), {"scaling": scale}
+    )[0]
 
 
 def sdpa_by_sequence(

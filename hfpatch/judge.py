@@ -14,6 +14,7 @@ import torch
 
 from ._compat import output_cache
 from ._context import CALL
+from .backends import SDPA
 from .caches import capacity, first_layer_keys, past_length, state_length
 from .declarations import PADDED_TABLE, SINUSOID, TABLE
 from .observers import call_site, fingerprint, keys_fingerprint
@@ -158,7 +159,7 @@ class _Facts:
             adapter.eager_mask is not None
             and version is not None
             and in_range(adapter.eager_mask[0], version)
-            and getattr(getattr(model, "config", None), "_attn_implementation", None) == "sdpa"
+            and getattr(getattr(model, "config", None), "_attn_implementation", None) == SDPA
         )
         self.scaled = scaled_rope(model)
         self.detects_packing = _detects_packing(model, adapter)

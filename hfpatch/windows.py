@@ -39,6 +39,18 @@ from . import caches
 from ._compat import asked, cache_utils
 from ._context import patched_here
 from .attention import MAPPING, ByLayout, Carrier, carrier, compiled_layout
+from .backends import (
+    BACKENDS,
+    BLOCK_MASK,
+    BY_COLUMN,
+    DENSE,
+    LENGTHS,
+    OWN,
+    SDPA,
+    Backend,
+    backend_of,
+    by_sequence_on,
+)  # fmt: skip
 from .compiled import OP
 from .positions import cache_positions, keys_seen, sequence_lengths, window_mask
 from .sources import (
@@ -82,58 +94,6 @@ KNOWN_TYPES = (FULL, SLIDING, CHUNKED, *INDEXED)  # the layer types whose masks 
 # those that hold an attention and a state layer (their attention's mask is the kind they name)
 MIXED, UNMASKED = ("linear_attention", "conv"), ("moe", "mlp")
 HOLDS = {"hybrid": FULL, "hybrid_sliding": SLIDING}
-
-# --- the attention backends: what each takes, what it keeps (one table; a new backend is a row) -----------
-
-DENSE, BLOCK_MASK, LENGTHS = "a 4-D mask", "a BlockMask", "sequence lengths"  # what a backend takes
-BY_MASK, OWN, BY_COLUMN = "by hfpatch's masks", "its own, over a sequence's keys", "transformers'"  # windows
-
-
-class Backend(NamedTuple):
-    """An attention backend as hfpatch renders a call's masks for it: ``label`` (``status()``'s word),
-    what a mask by position reaches it as (``takes``: a dense 4-D mask, which a packed row's layout rides
-    on where the module's attention functions run by sequence, :mod:`hfpatch.attention`; a ``BlockMask``;
-    the sequences' lengths), how its sliding windows are decided where hfpatch keeps the cache whole
-    (``windows``), and whether transformers' own code keeps a packed row given no mask (by the
-    positions: ``own_packing``)."""
-
-    label: str
-    takes: str
-    windows: str
-    own_packing: bool = False
-
-    def keeps(self, plan: MaskPlan) -> bool:
-        """Whether a class of this plan takes a packed row's masks on this backend: any 4-D mask form; a
-        ``BlockMask`` where masking_utils' functions take one (4.53+); lengths where the release's flash
-        attention takes them and the forward hands its ``**kwargs`` on (4.47+)."""
-        if self.takes == BLOCK_MASK:
-            return plan.form == MASK_FUNCTIONS
-        if self.takes == LENGTHS:
-            return plan.flash_lengths
-        return True
-
-
-BACKENDS = {  # by the name of ``config._attn_implementation``
-    "eager": Backend("eager", DENSE, BY_MASK),
-    "sdpa": Backend("SDPA", DENSE, BY_MASK),
-    "flex_attention": Backend("flex", BLOCK_MASK, BY_COLUMN),
-    # flash attention (2, 3, 4, hub kernels): it unpads by the 2-D mask and applies its own window over the
-    # unpadded keys (by position, every key kept); a packed row reaches it by the sequences' lengths
-    "flash": Backend("flash", LENGTHS, OWN, own_packing=True),
-}
-
-
-def backend_of(attention: Any) -> Optional[Backend]:
-    """The :class:`Backend` of an attention implementation's name (``paged|`` aside; any flash kernel,
-    ``flash_attention_2`` or a hub kernel's ``kernels-community/flash-attn3``, is flash), or None for one
-    hfpatch renders no mask for."""
-    if not isinstance(attention, str):
-        return None
-    name = attention.removeprefix("paged|")
-    found = BACKENDS.get(name)
-    if found is None and "flash" in name:
-        return BACKENDS["flash"]
-    return found
 
 
 def backend(model: Any) -> tuple[Any, Optional[Backend]]:
@@ -192,6 +152,11 @@ class MaskPlan(NamedTuple):
     def float_masks(self) -> bool:
         """Before masking_utils (< 4.53) every 4-D mask a model takes is a float one."""
         return self.form != MASK_FUNCTIONS
+
+    @property
+    def block_masks(self) -> bool:
+        """Its mask code is masking_utils' functions (4.53+), which take a ``BlockMask`` (flex)."""
+        return self.form == MASK_FUNCTIONS
 
 
 def mask_plan(owner: type, packed: bool = True) -> Optional[MaskPlan]:
@@ -294,7 +259,8 @@ def _flash_takes_lengths() -> bool:
 def _layout_as_data(plan: MaskPlan, attention: Any) -> bool:
     """Whether a compiled packed row's layout reaches the class's SDPA as data (the custom op runs it by
     sequence: :mod:`hfpatch.compiled`)."""
-    return attention == "sdpa" and plan.as_data and plan.form == MASK_FUNCTIONS and OP
+    used = by_sequence_on(attention)
+    return used is not None and used.as_data and plan.as_data and plan.form == MASK_FUNCTIONS and OP
 
 
 def by_sequence_compiled(model: Any, plan: Optional[MaskPlan]) -> bool:
@@ -353,7 +319,7 @@ def apply_masks(
     weights = asked(kwargs, config, "output_attentions")
     by_layout = plan.laid_out and used.takes == DENSE and eager_mode and not weights
     if by_layout and not plan.by_layout:  # (its attention calls SDPA itself: SDPA only)
-        by_layout = attention == "sdpa"
+        by_layout = attention == SDPA
     if packed is not None and by_layout:  # the layout, once: each layer type's mask (hfpatch.attention)
         from .packed import sequences
 
@@ -599,7 +565,8 @@ def _as_model_takes(allowed: torch.Tensor, plan: MaskPlan, attention: str, dtype
     SDPA (4.53+) takes the boolean one; 4.38-4.41 take 1 where attended."""
     if plan.form == BINARY:
         return allowed.to(dtype)
-    if plan.float_masks or attention == "eager":
+    used = by_sequence_on(attention)
+    if plan.float_masks or (used is not None and used.additive):
         zero = torch.zeros((), dtype=dtype, device=allowed.device)
         return torch.where(allowed, zero, torch.finfo(dtype).min)
     return allowed

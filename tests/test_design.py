@@ -357,6 +357,31 @@ def test_the_rule_of_which_keys_a_query_sees_is_written_once():
     assert "seen = keys_seen(" in source.split("def window_mask(")[1].split("\ndef ")[0]
 
 
+def test_an_attention_backend_is_named_in_its_table_alone():
+    """A backend is one row of ``hfpatch.backends.BACKENDS``: the runtime's other modules ask the row how
+    to render a mask or run a packed row (``by_sequence_on``, ``backend_of``), never compare an
+    implementation's name. (Declarations, the CLI's doctor and the verification models name the
+    attention a tiny model is built with: those are choices, not dispatch.)"""
+    from hfpatch.backends import BACKENDS
+
+    names = {*BACKENDS, "flash_attention_2", "flash_attention_3", "paged|sdpa", "paged|eager"}
+    exempt = (
+        "hfpatch.backends",
+        "hfpatch.cli",
+        "hfpatch.verification",
+        "hfpatch.adapters",
+        "hfpatch.testing",
+    )
+    named = sorted(
+        f"{name}:{node.lineno} {node.value!r}"
+        for name, path in MODULES.items()
+        if not name.startswith(exempt)
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and node.value in names
+    )
+    assert not named, named
+
+
 def test_source_code_is_read_in_one_room():
     """Reading a function's source (``inspect.getsource``) and the patterns looked for in it (``re``) are
     hfpatch/sources.py's; the rooms that decide from the code (windows, judge, custom, packed, rope) call
