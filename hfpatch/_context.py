@@ -54,7 +54,7 @@ class _Call(threading.local):
     generated: Any = None  # (the 4-D mask generate() just made, the 2-D mask it made it from)
     handed: Any = None  # a packed row's positions a task head drops, for its base model (hfpatch.packed)
     handed_mask: Any = None  # the mask a task head drops, for its base model without attention (RWKV's)
-    laid: Any = None  # an unpadded call's packed row as laid out (hfpatch.packed.Packed), for its packed call
+    laid: Any = None  # an unpadded call's packed row as laid out (hfpatch.layout.Layout), for its packed call
     # hfpatch.unpad: False inside a task head whose labels a pad would predict (its base model is not
     # unpadded); True inside the packed call an unpadded one makes
     unpad: Optional[bool] = None

@@ -2,8 +2,8 @@
 functions (transformers' documented per-model override), never the process-wide registry.
 
 A call whose rows pack several sequences (or an unpadded call's packed row) hands its attention layers
-the row's layout, :class:`Sequences` (its real tokens grouped by sequence, computed once a call by
-:func:`hfpatch.packed.sequences`), on each layer type's mask (a :class:`ByLayout` riding on a
+the row's layout, :class:`hfpatch.layout.Layout` (its real tokens grouped by sequence, once a call by
+:func:`hfpatch.layout.grouped`), on each layer type's mask (a :class:`ByLayout` riding on a
 :class:`Carrier`, the tensor subclass that keeps it through the ops a mask goes through): a placeholder
 of ``-inf`` that holds nothing (:func:`carrier`: a ``[batch, 1, length, length]`` view of one element, so
 that an attention that ignored the layout would give NaN, never a quiet wrong number), which the mask
@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 
 from .backends import BACKENDS, EAGER, SDPA, Backend, by_sequence_on
+from .layout import Group, Layout
 from .patches import Patch
 from .positions import window_mask
 
@@ -47,9 +48,7 @@ __all__ = [
     "RUNS",
     "ByLayout",
     "Carrier",
-    "Group",
     "carried",
-    "Sequences",
     "by_layout",
     "by_sequence",
     "carrier",
@@ -61,48 +60,23 @@ LAYOUT = "_hfpatch_layout"  # on a layer type's mask: its ByLayout
 RUNS = "_hfpatch_runs"  # on the 2-D mask of layers that carry a state: the call's sequences (hfpatch.mixers)
 
 
-class Group(NamedTuple):
-    """Sequences of similar length, batched: ``index`` ``[sequences, longest]`` (flat token numbers over
-    ``batch x length``; a short sequence padded with its own first token, which comes after its real ones
-    and so is never attended causally), ``valid`` (its real entries), and, for putting the outputs back
-    without a boolean index (a device sync), ``into`` (the row's flat token numbers of the real entries)
-    and ``taken`` (theirs in the group's flattened ``[sequences * longest]``)."""
-
-    index: Tensor
-    valid: Tensor
-    into: Tensor
-    taken: Tensor
-
-
-class Sequences(NamedTuple):
-    """A call's packed rows as their sequences: ``shape`` (batch, length) of the rows; ``parts``, its
-    :class:`Group` s; ``positions`` ``[batch * length]``, each token's position (windows are decided by
-    it); ``real`` ``[batch, length]``, the 2-D mask (bool); ``segment_ids`` ``[batch or 1, length]``, each
-    token's sequence in its row (:func:`hfpatch.positions.segments`)."""
-
-    shape: tuple[int, int]
-    parts: tuple[Group, ...]
-    positions: Tensor
-    real: Tensor
-    segment_ids: Tensor
-
-
 class ByLayout(NamedTuple):
     """A layer type's mask, given as the call's layout: its sequences, and the layer's window and chunk
     (None: full attention). ``dense`` renders it as a 4-D mask (for an attention that takes no layout)."""
 
-    sequences: Sequences
+    layout: Layout
     window: Optional[int] = None
     chunk: Optional[int] = None
 
     def dense(self, dtype: Optional[torch.dtype] = None) -> Tensor:
         """The ``[batch, 1, length, length]`` mask it stands for (bool; additive float of ``dtype``)."""
-        seq = self.sequences
-        batch, length = seq.shape
-        slots = torch.arange(length, device=seq.real.device)
-        positions = seq.positions.view(batch, length)
+        laid = self.layout
+        batch, length = laid.shape
+        real = laid.mask != 0
+        slots = torch.arange(length, device=real.device)
+        positions = laid.positions.expand(batch, length)
         allowed = window_mask(
-            seq.real, slots, slots, self.window, self.chunk, positions=positions, segment_ids=seq.segment_ids
+            real, slots, slots, self.window, self.chunk, positions=positions, segment_ids=laid.segment_ids
         )
         return allowed if dtype is None else _additive(allowed, dtype)
 
@@ -151,7 +125,7 @@ def _laid_out(
     layout = mask.__dict__.get(LAYOUT)
     if layout is None:  # (a carrier an op made from no carrier: a dense mask, as it is)
         return function(module, query, key, value, mask.as_subclass(Tensor), *args, **kwargs)
-    batch, length = layout.sequences.shape
+    batch, length = layout.layout.shape
     fits = query.shape[0] == batch and query.shape[2] == length and key.shape[2] == length
     asked = kwargs.get("output_attentions") or kwargs.get("position_bias") is not None
     if row is None or args or not fits or asked or torch.compiler.is_compiling():
@@ -229,7 +203,7 @@ def by_sequence(
     """``original`` (an attention function of ``row``'s backend) on each group of sequences alone; the
     outputs put back in place, ``[batch, length, heads, dim]`` (the layout of transformers' attention
     functions' output)."""
-    seq = mask.sequences
+    seq = mask.layout
     batch, length = seq.shape
     plain = mask.window is None and mask.chunk is None and row.causal
     kwargs = {**kwargs, "is_causal": plain} if row.causal else kwargs  # (a model may pass False)
@@ -251,7 +225,7 @@ def _part_mask(mask: ByLayout, group: Group, dtype: Optional[torch.dtype]) -> Te
     """A group's ``[sequences, 1, longest, longest]`` mask by the one rule, over its own tokens: causal,
     real, the layer's window or chunk by position (bool; additive float of ``dtype``)."""
     slots = torch.arange(group.index.shape[1], device=group.index.device)
-    positions = mask.sequences.positions[group.index]
+    positions = mask.layout.flat_positions[group.index]
     allowed = window_mask(group.valid, slots, slots, mask.window, mask.chunk, positions=positions)
     return allowed if dtype is None else _additive(allowed, dtype)
 
@@ -306,7 +280,7 @@ def _inline(args: tuple, kwargs: dict) -> Tensor:
     mask = given.pop("attn_mask")
     layout = mask.__dict__.get(LAYOUT) if mask.__class__ is Carrier else None
     if layout is not None:
-        batch, length = layout.sequences.shape
+        batch, length = layout.layout.shape
         fits = query.shape[0] == batch and query.shape[2] == length and key.shape[2] == length
         if fits and not given.get("is_causal") and set(given) <= _SDPA_TAKEN:  # (grouped keys: repeated)
             extra = {"dropout": given.get("dropout_p", 0.0), "scaling": given.get("scale")}
@@ -346,8 +320,8 @@ def carrier(layout: ByLayout, dtype: torch.dtype) -> Tensor:
     """A layer type's mask that is its layout alone: ``-inf`` everywhere, ``[batch, 1, length, length]``,
     one element of memory, ``layout`` on it (:data:`LAYOUT`), kept by the ops a mask goes through
     (:class:`Carrier`)."""
-    batch, length = layout.sequences.shape
-    device = layout.sequences.real.device
+    batch, length = layout.layout.shape
+    device = layout.layout.mask.device
     placeholder = torch.full((), float("-inf"), dtype=dtype, device=device).expand(batch, 1, length, length)
     return carried(placeholder, layout)
 

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from .attention import ByLayout, by_sequence, sdpa_call
 from .backends import BACKENDS, SDPA
-from .packed import Packed, sequences
+from .layout import Layout, grouped
 
 __all__ = ["OP", "sdpa_by_sequence", "sdpa_by_sequence_backward"]
 
@@ -42,8 +42,8 @@ def _read_layout(layout: Tensor) -> ByLayout:
     real, segment_ids, positions = host[:, 0] != 0, host[:, 1], host[:, 2]
     window, chunk = (int(host[0, i, 0]) for i in (3, 4))
     device = layout.device
-    packed = Packed(real.to(device), positions.to(device), segment_ids.to(device), (real, segment_ids))
-    found = ByLayout(sequences(packed), None if window < 0 else window, None if chunk < 0 else chunk)
+    laid = Layout(real.to(device), positions.to(device), segment_ids.to(device), (real, segment_ids))
+    found = ByLayout(grouped(laid), None if window < 0 else window, None if chunk < 0 else chunk)
     kept.insert(0, (weakref.ref(layout), layout._version, found))
     del kept[KEPT:]
     return found

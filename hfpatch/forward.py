@@ -45,9 +45,10 @@ from ._context import CALL, PACKED, UNPAD, Pin, count_unpadded, patched_here, wa
 from .caches import CAPACITY
 from .declarations import Adapter
 from .decoders import call_with_positions
+from .layout import Layout
 from .mixers import AS_STOCK, Runs, call_runs, with_runs
 from .observers import WATCHERS, run_watched
-from .packed import Packed, packed_rows, positions_from_lengths, warn_not_kept
+from .packed import packed_rows, positions_from_lengths, warn_not_kept
 from .patches import ABSENT, Patch
 from .plans import NO_SLOTS, SLOTS, SLOTS_REMOVED, Plan
 from .positions import cache_positions, call_inputs, has_holes, new_token_positions
@@ -289,7 +290,7 @@ def watched(
 
 def given_masks(
     model: Any, adapter: Adapter, plan: Plan, said: str, kwargs: dict, cache: Any, pin: Pin
-) -> Optional[Packed]:
+) -> Optional[Layout]:
     """A call with the caller's positions: a row whose positions restart is kept to the sequences it
     packs (:mod:`hfpatch.packed`; its layout returned: its 2-D mask, for a position module that reads it,
     its sequences, for the layers that carry a state); else, where the model has windows, they are

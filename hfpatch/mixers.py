@@ -515,7 +515,8 @@ def call_runs(
             return None
         real, segment_ids = packed.host
         device = packed.mask.device
-        return runs_of(real, segment_ids, device, continues=False, keeps=keeps, unpadded=packed.unpadded)
+        unpadded = packed.padded.batch if packed.padded is not None else None
+        return runs_of(real, segment_ids, device, continues=False, keeps=keeps, unpadded=unpadded)
     if derived is not None:
         mask, num_new, where = derived
     else:

@@ -6,7 +6,7 @@ cache (``use_cache=False``, 5.x); a patched forward keeps each one to itself:
 1. :func:`packed_rows` finds them: the caller's ``position_ids`` restart at a real token (pads never
    split a row), and nothing is cached before the call (:func:`hfpatch.positions.segments`, the rule
    transformers uses);
-2. :func:`sequences` computes their layout once (the call's one host read), and
+2. :func:`hfpatch.layout.grouped` groups their sequences once (from the call's one host read), and
    :func:`hfpatch.windows.apply_masks` hands it to each layer type as its mask
    (:class:`hfpatch.attention.ByLayout`: the windows' one rule, real, causal, in the query's sequence,
    within the window by position), where the forward takes masks by layer type (4.53+); the patched
@@ -37,14 +37,12 @@ from torch import Tensor
 from . import caches
 from ._compat import CACHE_NAMES, passed
 from ._context import CALL, PACKED, Pin, patched_here, warn_once
-from .attention import Group, Sequences
+from .layout import Layout
 from .patches import ABSENT
 from .positions import positions_in_segments, restarts, segments, segments_from_lengths
 from .sources import forward_tree, pools_by_pad_id, source_of
 
 __all__ = [
-    "Packed",
-    "sequences",
     "Head",
     "handing_on",
     "task_heads",
@@ -54,27 +52,14 @@ __all__ = [
 ]
 
 
-class Packed(NamedTuple):
-    """A call's packed rows: its 2-D mask, its positions (``[batch or 1, length]``: a multimodal form's
-    text or ``t`` row), :func:`hfpatch.positions.segments`, and in eager mode the mask and the segments as
-    the host read them (for :func:`sequences`: no second read), else None; ``unpadded``: an unpadded
-    call's padded batch size (its sequences are that batch's rows: :mod:`hfpatch.unpad`)."""
-
-    mask: Tensor
-    positions: Tensor
-    segment_ids: Tensor
-    host: Optional[tuple[Tensor, Tensor]] = None
-    unpadded: Optional[int] = None
-
-
-def packed_rows(kwargs: dict, tokens: Optional[Tensor]) -> Optional[Packed]:
-    """The :class:`Packed` rows of a call whose caller's ``position_ids`` restart inside a row, with
-    nothing cached before it (or the layout an unpadded call hands its packed call: ``CALL.laid``, taken
+def packed_rows(kwargs: dict, tokens: Optional[Tensor]) -> Optional[Layout]:
+    """The :class:`~hfpatch.layout.Layout` of a call whose caller's ``position_ids`` restart inside a row,
+    with nothing cached before it (or the layout an unpadded call hands its packed call: ``CALL.laid``, taken
     as it is); None for any other call. Multimodal rope positions ``[3 or 4, batch, length]`` are read as
-    :func:`~hfpatch.positions.segments` says. Shapes first (a decode step has one new token: never
-    packed); in eager mode the positions and the mask are then read to the host at once (the call's one
-    read), compiled code always gets the masks by sequence (the causal ones where nothing restarts: no
-    branch on tensor values)."""
+    :func:`~hfpatch.positions.segments` says. Shapes first (a decode step has one new token: never packed); in
+    eager mode the positions and the mask are then read to the host at once (the call's one read), compiled
+    code always gets the masks by sequence (the causal ones where nothing restarts: no branch on tensor
+    values)."""
     positions = kwargs["position_ids"]
     if tokens is None or positions.__class__ is not Tensor:
         return None
@@ -100,7 +85,7 @@ def packed_rows(kwargs: dict, tokens: Optional[Tensor]) -> Optional[Packed]:
     if torch.compiler.is_compiling():
         segment_ids = segments(positions, mask)
         mask = torch.ones(batch, num_new, dtype=torch.bool, device=tokens.device) if mask is None else mask
-        return Packed(mask, first, segment_ids)
+        return Layout(mask, first, segment_ids)
     host_positions, host_mask = _on_host(positions, mask)
     if not restarts(host_positions, host_mask):
         return None
@@ -109,7 +94,7 @@ def packed_rows(kwargs: dict, tokens: Optional[Tensor]) -> Optional[Packed]:
         mask = torch.ones(batch, num_new, dtype=torch.bool, device=tokens.device)
     real = host_positions.new_ones(batch, num_new, dtype=torch.bool) if host_mask is None else host_mask != 0
     segment_ids = host_segments.to(tokens.device, non_blocking=True)
-    return Packed(mask, first, segment_ids, (real, host_segments))
+    return Layout(mask, first, segment_ids, (real, host_segments))
 
 
 def _on_host(positions: Tensor, mask: Optional[Tensor]) -> tuple[Tensor, Optional[Tensor]]:
@@ -281,44 +266,3 @@ def warn_not_kept(arch: str, why: str) -> None:
         "kept)"
     )
     warn_once(("packed row", arch, why), message, stacklevel=5)
-
-
-# --- the layout: a call's packed rows as their sequences ---------------------------------------------
-
-
-def sequences(packed: Packed) -> Sequences:
-    """The :class:`~hfpatch.attention.Sequences` of a packed batch: its real tokens grouped by sequence, in
-    groups of sequences of similar length, computed on the host from what it read (``packed.host``; where
-    there is none, from the device: eager code only). Every index a layer uses is made here, once a call,
-    and copied to the device without waiting: no layer reads the device."""
-    mask = packed.mask
-    batch, length = mask.shape
-    real, segment_ids = packed.host if packed.host is not None else (mask != 0, packed.segment_ids)
-    flat = real.reshape(-1).nonzero().squeeze(1)  # the real tokens, in order
-    rows = torch.arange(batch, device=flat.device)[:, None] * (length + 1)
-    sequence = (segment_ids.expand(batch, length) + rows).reshape(-1)[flat]  # nondecreasing
-    counts = torch.unique_consecutive(sequence, return_counts=True)[1]
-    starts = counts.cumsum(0) - counts
-    sizes = counts.tolist()
-    by_size: dict[int, list[int]] = {}
-    for i, size in enumerate(sizes):  # groups of sizes within a factor of 2: little work on padding
-        by_size.setdefault(1 << (size - 1).bit_length(), []).append(i)
-    groups = []
-    offsets = torch.arange(max(sizes), device=flat.device)
-    for members in by_size.values():
-        chosen = torch.tensor(members, device=flat.device)
-        own, first = counts[chosen], starts[chosen]
-        longest = max(sizes[i] for i in members)
-        valid = offsets[None, :longest] < own[:, None]
-        # a short sequence padded with its own first token (after its real ones: never attended causally)
-        index = flat[first[:, None] + torch.where(valid, offsets[None, :longest], 0)]
-        # where each real entry comes from in the group's flattened batch, and where it goes in the row
-        total = sum(sizes[i] for i in members)
-        taken = torch.arange(total, device=flat.device) + torch.repeat_interleave(
-            torch.arange(len(members), device=flat.device) * longest - own.cumsum(0) + own, own,
-            output_size=total,
-        )  # fmt: skip
-        into = index.reshape(-1)[taken]
-        groups.append(Group(*(t.to(mask.device, non_blocking=True) for t in (index, valid, into, taken))))
-    positions = packed.positions.expand(batch, length).reshape(-1)
-    return Sequences((batch, length), tuple(groups), positions, mask != 0, packed.segment_ids)

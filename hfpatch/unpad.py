@@ -39,7 +39,8 @@ from torch import Tensor
 from . import caches
 from ._compat import CACHE_NAMES, STATE, STATE_NAMES, asked, at_trace_time, cache_name, output_cache, passed
 from ._context import CALL, PACKED, UNPAD, Pin, count_unpadded, patched_here
-from .packed import NOT_KEPT, SPANS, Packed
+from .layout import Layout, Padded
+from .packed import NOT_KEPT, SPANS
 from .positions import padded_on_host, positions_from_mask
 from .sources import hands_state
 from .windows import (
@@ -52,7 +53,7 @@ from .windows import (
     whole_cache,
 )
 
-__all__ = ["Layout", "causal_lm_head", "gate", "laid_out", "padded_back", "read_at_a_pad", "unpadding"]
+__all__ = ["causal_lm_head", "gate", "laid_out", "padded_back", "read_at_a_pad", "unpadding"]
 
 IGNORE = -100  # transformers' label that no loss reads
 # unpadded where the real tokens are at most this share of the slots: gathering, the mask by sequence and
@@ -64,27 +65,6 @@ TAKEN = frozenset({
     "output_hidden_states", "output_attentions", "logits_to_keep", "num_logits_to_keep",
     "num_items_in_batch", *CACHE_NAMES,
 })  # fmt: skip
-
-
-class Layout(NamedTuple):
-    """Where a padded batch's real tokens are: ``index`` ``[real tokens]``, their flat numbers over
-    ``batch x length``, row by row; ``rows`` ``[real tokens]``, the row of each."""
-
-    index: Tensor
-    rows: Tensor
-    batch: int
-    length: int
-
-    def gather(self, tensor: Tensor) -> Tensor:
-        """``[batch, length, ...]`` -> ``[1, real tokens, ...]``."""
-        return tensor.reshape(self.batch * self.length, *tensor.shape[2:]).index_select(0, self.index)[None]
-
-    def scatter(self, tensor: Tensor) -> Tensor:
-        """``[1, real tokens, ...]`` -> ``[batch, length, ...]``, zeros at the pads."""
-        flat = tensor[0, : len(self.index)]
-        out = flat.new_zeros(self.batch * self.length, *flat.shape[1:])
-        out.index_copy_(0, self.index, flat)  # (in place: autograd follows it; one padded output, not two)
-        return out.view(self.batch, self.length, *flat.shape[1:])
 
 
 def _why_padded(model: Any, kwargs: dict, masks: Any, cache_kw: Optional[str], host: Host) -> Optional[str]:
@@ -166,54 +146,54 @@ def read_host(kwargs: dict, targets: Any = None, pad_id: Any = None) -> Optional
     return Host(real, real.reshape(-1).nonzero().squeeze(1), **read)
 
 
-def laid_out(kwargs: dict, host: Host) -> Optional[tuple[dict, Layout, Packed]]:
-    """The call's inputs as one packed row (its rows' real tokens, their positions), where they came from,
-    and the row's layout for its packed call (:class:`~hfpatch.packed.Packed`, each row a sequence: no
-    detection there), all from the host's read; None where a row's positions run on into the next (the
-    packed row could not tell them apart)."""
+def laid_out(kwargs: dict, host: Host) -> Optional[tuple[dict, Layout]]:
+    """The call's inputs as one packed row (its rows' real tokens, their positions) and the row's
+    :class:`~hfpatch.layout.Layout` for its packed call (each row a sequence: no detection there; where
+    the tokens came from, its ``padded``), all from the host's read; None where a row's positions run on
+    into the next (the packed row could not tell them apart)."""
     mask, ids = kwargs["attention_mask"], kwargs["input_ids"]
     batch, length = ids.shape
     index_host = host.index
     rows_host = torch.div(index_host, length, rounding_mode="floor")
-    layout = Layout(*(t.to(ids.device, non_blocking=True) for t in (index_host, rows_host)), batch, length)
+    index, rows = (t.to(ids.device, non_blocking=True) for t in (index_host, rows_host))
+    padded = Padded(index, batch, length)
     if host.positions is None:
-        positions = layout.gather(positions_from_mask(mask))
+        positions = padded.gather(positions_from_mask(mask))
     else:
         gathered = host.positions.expand(batch, length).reshape(-1)[index_host]
         runs_on = (rows_host[1:] != rows_host[:-1]) & (gathered[1:] == gathered[:-1] + 1)
         if bool(runs_on.any()):
             return None
-        positions = layout.gather(kwargs["position_ids"].expand(batch, length))
+        positions = padded.gather(kwargs["position_ids"].expand(batch, length))
     packed = {k: v for k, v in kwargs.items() if k not in ("attention_mask", "position_ids")}
-    packed["input_ids"] = layout.gather(ids)
+    packed["input_ids"] = padded.gather(ids)
     packed["position_ids"] = positions
-    return packed, layout, _packed_row(positions, layout.rows[None], rows_host[None], batch)
+    return packed, _packed_row(positions, rows[None], rows_host[None], padded)
 
 
-def _packed_row(positions: Tensor, rows: Tensor, rows_host: Tensor, batch: int) -> Packed:
-    """The layout of an unpadded call's packed row: every token real, each row (of ``batch``) a sequence of
-    its own."""
+def _packed_row(positions: Tensor, rows: Tensor, rows_host: Tensor, padded: Padded) -> Layout:
+    """The layout of an unpadded call's packed row: every token real, each row (of ``padded``'s batch) a
+    sequence of its own."""
     real = torch.ones(rows.shape, dtype=torch.bool, device=rows.device)
-    return Packed(real, positions, rows, (torch.ones_like(rows_host, dtype=torch.bool), rows_host), batch)
+    return Layout(real, positions, rows, (torch.ones_like(rows_host, dtype=torch.bool), rows_host), padded)
 
 
-def padded_back(result: Any, layout: Layout) -> Any:
+def padded_back(result: Any, padded: Padded) -> Any:
     """The packed call's result in the caller's layout: every ``[1, tokens, ...]`` tensor (logits, hidden
     states, each layer's) padded back, zeros at the pads; a cache laid back into the padded rows."""
 
-    tokens = (len(layout.index), len(layout.index) + 1)  # (and the one a causal head may add)
+    tokens = (len(padded.index), len(padded.index) + 1)  # (and the one a causal head may add)
 
     def back(value: Any) -> Any:
         if isinstance(value, Tensor):
             token_level = value.dim() >= 2 and value.shape[0] == 1 and value.shape[1] in tokens
-            return layout.scatter(value) if token_level else value
+            return padded.scatter(value) if token_level else value
         if isinstance(value, tuple) and value and all(isinstance(v, tuple) for v in value):  # a legacy cache
-            where = (layout.index, layout.batch, layout.length)
-            return tuple(tuple(caches.padded_states(t, *where) for t in kv) for kv in value)
+            return tuple(tuple(caches.padded_states(t, *padded) for t in kv) for kv in value)
         if isinstance(value, tuple):
             return tuple(back(v) for v in value)
         if value is not None and not isinstance(value, (list, dict)):
-            caches.lay_back(value, layout.index, layout.batch, layout.length)
+            caches.lay_back(value, *padded)
         return value
 
     if isinstance(result, tuple):
@@ -239,7 +219,7 @@ def unpadding(
 RUNS_ON = "the caller's positions run on from one row into the next"
 
 
-def _run_packed(call: Callable[..., Any], packed: dict, layout: Layout, laid: Packed) -> Any:
+def _run_packed(call: Callable[..., Any], packed: dict, laid: Layout) -> Any:
     """``call`` on the packed row, its layout handed on (``CALL.laid``: its packed call detects nothing),
     the result padded back; counted as unpadded."""
     count_unpadded(None)
@@ -248,11 +228,11 @@ def _run_packed(call: Callable[..., Any], packed: dict, layout: Layout, laid: Pa
     CALL.unpadding, CALL.laid = True, laid
     given = passed(packed, CACHE_NAMES)
     try:
-        result = padded_back(call(**packed), layout)
+        result = padded_back(call(**packed), laid.padded)
     finally:
         CALL.unpadding, CALL.laid = before
     if given is not None and output_cache(result) is not given:  # (a model that returns none: RecurrentGemma)
-        caches.lay_back(given, layout.index, layout.batch, layout.length)
+        caches.lay_back(given, *laid.padded)
     return result
 
 
@@ -307,8 +287,8 @@ def gate(
                 if not compiles:
                     _compiled()
                 return original(self, *args, **kwargs)
-            packed, layout = found  # (the graph resumes here: the packed call and its padding back, traced)
-            return padded_back(original(self, **packed), layout)
+            packed, padded = found  # (the graph resumes here: the packed call and its padding back, traced)
+            return padded_back(original(self, **packed), padded)
         kwargs = named
         mask = kwargs.get("attention_mask")
         labels = kwargs.get("labels")
@@ -377,8 +357,8 @@ def _named(args: tuple, kwargs: dict, positional: list) -> Optional[dict]:
 
 def _compiled_row(
     model: Any, kwargs: dict, masks: Any, cache_kw: Any, compiles: bool
-) -> Optional[tuple[dict, Layout]]:
-    """A compiled causal LM head's call as its packed row and the layout to pad it back by, or None (it
+) -> Optional[tuple[dict, Padded]]:
+    """A compiled causal LM head's call as its packed row and where to pad it back, or None (it
     stays padded, counted): the host's read and every decision in eager mode, a graph break
     (:data:`_EAGER`) where the graph may break, so that the packed call after it is traced on the real
     tokens alone (their count a dynamic size from the second count on: two graphs for a stream of them);
@@ -393,7 +373,7 @@ def _compiled_row(
 
 def _compiled_row_eagerly(
     model: Any, kwargs: dict, masks: Any, cache_kw: Any
-) -> Optional[tuple[dict, Layout]]:
+) -> Optional[tuple[dict, Padded]]:
     mask = kwargs["attention_mask"]
     targets = _shifted(kwargs.get("labels"), mask)
     host = read_host(kwargs, targets)
@@ -411,7 +391,7 @@ def _compiled_row_eagerly(
     if found is None:
         return None
     count_unpadded(None)
-    return found[0], found[1]
+    return found[0], found[1].padded  # (the packed call detects its own layout, traced)
 
 
 # the eager work of a compiled call (torch.compiler.disable: a graph break before it, the graph resumed
@@ -492,7 +472,7 @@ def _head_unpadded(
 
 def _head_packed(
     model: Any, kwargs: dict, targets: Any, masks: Any, cache_kw: Optional[str], host: Host
-) -> Optional[tuple[dict, Layout, Packed]]:
+) -> Optional[tuple[dict, Layout]]:
     """A causal LM head's call as its packed row (the labels laid for the head's loss), where it is laid
     and the row's layout; None where it keeps the padded path (counted, with why)."""
     base = getattr(model, model.base_model_prefix, model)
@@ -501,16 +481,17 @@ def _head_packed(
     if found is None:
         count_unpadded(why or RUNS_ON)
         return None
-    packed, layout, laid = found
+    packed, laid = found
+    padded = laid.padded
     if isinstance(targets, Tensor):
-        own = layout.gather(targets[..., None])[..., 0]  # [1, real tokens]
+        own = padded.gather(targets[..., None])[..., 0]  # [1, real tokens]
         last = host.index[-1]
         tail = host.targets is not None and bool(host.targets.reshape(-1)[last])
         if tail:  # one more token, a sequence of its own, whose label is the last real token's target
             packed["input_ids"] = torch.nn.functional.pad(packed["input_ids"], (0, 1))
             packed["position_ids"] = torch.nn.functional.pad(packed["position_ids"], (0, 1))
             ends = (laid.segment_ids, laid.host[1])  # (the device's and the host's)
-            rows, rows_host = (torch.nn.functional.pad(t, (0, 1), value=layout.batch) for t in ends)
-            laid = _packed_row(packed["position_ids"], rows, rows_host, layout.batch)
+            rows, rows_host = (torch.nn.functional.pad(t, (0, 1), value=padded.batch) for t in ends)
+            laid = _packed_row(packed["position_ids"], rows, rows_host, padded)
         packed["labels"] = torch.cat([own.new_full((1, 1), IGNORE), own if tail else own[:, :-1]], 1)
-    return packed, layout, laid
+    return packed, laid

@@ -52,6 +52,7 @@ from .backends import (
     by_sequence_on,
 )  # fmt: skip
 from .compiled import OP
+from .layout import grouped
 from .positions import cache_positions, keys_seen, sequence_lengths, window_mask
 from .sources import (
     attends_inline,
@@ -280,7 +281,7 @@ def apply_masks(
     """Replace ``kwargs["attention_mask"]`` (the 2-D ``mask``, whose new tokens start at column ``start``
     (an int) or sit at the 1-D slots ``start``) with masks by position, where the model's config has
     windowed layers this handles (keeping the cache whole), or where ``packed`` (a packed row's
-    :class:`~hfpatch.packed.Packed`, over the mask's columns) says several sequences share a row.
+    (:class:`~hfpatch.layout.Layout`, over the mask's columns) says several sequences share a row.
     Returns None, or why the masks stay transformers' for want of a way to build them here (the
     attention, a layer type this does not know, a cache whose sliding layers it cannot keep whole, a pad
     inside a packed sequence for flash attention)."""
@@ -321,9 +322,7 @@ def apply_masks(
     if by_layout and not plan.by_layout:  # (its attention calls SDPA itself: SDPA only)
         by_layout = attention == SDPA
     if packed is not None and by_layout:  # the layout, once: each layer type's mask (hfpatch.attention)
-        from .packed import sequences
-
-        laid = sequences(packed)
+        laid = grouped(packed)
         made = {
             kind: carrier(ByLayout(laid, *(size or (None, None))), model.dtype)
             for kind, size in windows.items()

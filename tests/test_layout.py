@@ -17,7 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import hfpatch
 from hfpatch.forward import STATES_COMPILED
-from hfpatch.packed import sequences
+from hfpatch.layout import Layout, grouped
 from hfpatch.verification.tiny import tiny_config
 from hfpatch.windows import mask_plan
 
@@ -231,7 +231,7 @@ def test_a_compiled_call_reads_each_layer_types_layout_once(monkeypatch):
     if not mask_plan(type(model.model)).as_data:  # (4.57's module touches a mask: its multimodal model's)
         pytest.skip(f"gemma3's module touches the mask in transformers {TF}: compiled, its masks stay dense")
     reads = []
-    monkeypatch.setattr(route, "sequences", lambda packed: reads.append(1) or sequences(packed))
+    monkeypatch.setattr(route, "grouped", lambda laid: reads.append(1) or grouped(laid))
     lengths = (9, 4, 12, 6)
     rows = rows_of(lengths)
     kwargs = {
@@ -413,12 +413,11 @@ def test_a_compiled_layouts_dense_fallback_is_the_eager_layouts_mask(window, chu
     """Where the compiled op cannot take a call (attention weights asked for, dropout), SDPA gets the dense
     mask the compiled layout stands for: the eager layout's own, window and chunk by position alike."""
     from hfpatch.attention import ByLayout, _dense_of, compiled_layout
-    from hfpatch.packed import Packed, sequences
     from hfpatch.positions import segments
 
     positions = torch.tensor([[0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1], [*range(12), 0, 0, 0, 0]])
     real = torch.ones(2, 16, dtype=torch.bool)
     real[1, 12:] = False
     segment_ids = segments(positions, real.long())
-    eager = ByLayout(sequences(Packed(real, positions, segment_ids, (real, segment_ids))), window, chunk)
+    eager = ByLayout(grouped(Layout(real, positions, segment_ids, (real, segment_ids))), window, chunk)
     assert torch.equal(_dense_of(compiled_layout(real, segment_ids, positions, window, chunk)), eager.dense())
