@@ -382,6 +382,27 @@ def test_an_attention_backend_is_named_in_its_table_alone():
     assert not named, named
 
 
+def test_an_answer_on_packed_rows_is_read_in_one_place():
+    """Whether packed rows are kept is decided in ``hfpatch.verdict`` and an answer (``"yes (how)"``, ``"no:
+    why"``) is read by ``declarations.kept`` and ``why_not`` alone: no other module tests its prefix."""
+    readers = sorted(
+        f"{name}:{node.lineno}"
+        for name, path in MODULES.items()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in ("startswith", "removeprefix")
+        and node.args
+        and isinstance(node.args[0], ast.Constant)
+        and node.args[0].value in ("yes", "no", "no: ")
+    )
+    assert readers == [
+        f"hfpatch.declarations:{n}"
+        for n, line in enumerate(MODULES["hfpatch.declarations"].read_text().splitlines(), 1)
+        if 'said.startswith("yes")' in line or 'said.removeprefix("no: ")' in line
+    ], readers
+
+
 def test_source_code_is_read_in_one_room():
     """Reading a function's source (``inspect.getsource``) and the patterns looked for in it (``re``) are
     hfpatch/sources.py's; the rooms that decide from the code (windows, judge, custom, packed, rope) call
