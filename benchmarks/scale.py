@@ -4,6 +4,7 @@ the process's growth over the call, ``ru_maxrss``), one torch thread, best of 2;
 run back to back, A B A B, so that drift hits both.
 
     python benchmarks/scale.py --one packed llama sdpa 8 4096   # one measurement: its JSON line
+    python benchmarks/scale.py --release [--compiled]          # another release's rows, run under it
 """
 
 from __future__ import annotations
@@ -247,11 +248,12 @@ if __name__ == "__main__":
         what, arch, attention, sequences, length, *flags = sys.argv[2:]
         train, compiled = (bool(int(flag)) for flag in (*flags, "0", "0")[:2])
         print(json.dumps(measure(what, arch, attention, int(sequences), int(length), train, compiled)))
-    elif sys.argv[1:2] == ["--release"]:  # the rows of an older release, run under it
+    elif sys.argv[1:2] == ["--release"]:  # the rows of an older release, run under it (--compiled: compiled)
         import transformers
 
-        header = SECTIONS[next(iter(SECTIONS))][0][-2:]
+        compiled = "--compiled" in sys.argv[2:]
+        section = list(SECTIONS.values())[1 if compiled else 0]
         print(f"transformers {transformers.__version__}\n")
-        print("\n".join(header + on_this_release()))
+        print("\n".join(section[0][-2:] + (compiled_at_length() if compiled else on_this_release())))
     else:
         print("\n".join(SECTIONS[next(iter(SECTIONS))][0] + at_length()))
