@@ -71,6 +71,10 @@ def test_ci_runs_the_readme_test_command():
     # torch pinned, and transformers at the newest tested release (a newer one is "untested newer")
     pins = (TORCH, f"transformers=={NEWEST}")
     assert all(pin in command for command in quick_start for pin in pins), (pins, quick_start)
+    # and a contributor's environment is the same release (CONTRIBUTING said 5.24.0 after 5.25.0 landed)
+    contributing = (ROOT / "CONTRIBUTING.md").read_text()
+    installs = [line for line in contributing.splitlines() if "transformers==" in line]
+    assert installs and all(pin in line for line in installs for pin in pins), (pins, installs)
 
 
 def test_architecture_table_is_current():
