@@ -2,10 +2,11 @@
 
     nox -s matrix                           # every release (hours: see docs/compatibility.md)
     nox -s "matrix(transformers='4.40.2')"  # one release
-    nox -s ci                               # the releases CI runs, strict (without the launchers'
-                                            # tests, which the integrations session runs; the newest
-                                            # release's quick tests too where HFPATCH_QUICK_RAN_ON
-                                            # names it: .ci/run ran them just before)
+    nox -s ci                               # the releases CI runs, strict: the whole suite on the
+                                            # newest, the quick suite on the others (without the
+                                            # launchers' tests, which the integrations session runs;
+                                            # the newest release's quick tests neither where
+                                            # HFPATCH_QUICK_RAN_ON names it: .ci/run ran them before)
     nox -s corners                          # Python 3.10, 3.13 x torch 2.13 and their newest (CI: newest)
     nox -s integrations                     # peft, trl, accelerate, ray, deepspeed, sentence-transformers,
                                             # processes and launchers (CI runs it)
@@ -75,10 +76,12 @@ def _run_release(session: nox.Session, release: str, strict: bool) -> None:
         session.run("python", "compat/matrix.py", "run", release)
         _free_disk(session)
         return
-    # CI (45 minutes on 2 cores): the whole suite, slow tests included; the inductor test on the newest
-    # release only; what another step of the same run already ran is not rerun; test_compat_report checks
-    # the committed report against the declarations: not a per-release test
-    marks = "not inductor" if release != NEWEST else "slow or not slow"
+    # CI (45 minutes on 2 cores): the whole suite on the newest release, slow and inductor tests
+    # included; the quick suite on the older CI releases (their slow tests, every covered model type's
+    # probe among them, run in the matrix: compat/one_commit.sh, at every change to hfpatch/); what another
+    # step of the same run already ran is not rerun; test_compat_report checks the committed report
+    # against the declarations: not a per-release test
+    marks = "slow or not slow" if release == NEWEST else "not slow and not inductor"
     ignored = ["--ignore=tests/test_compat_report.py"]
     ignored.append("--ignore=tests/test_processes.py")  # the launchers: the integrations session's
     if os.environ.get("HFPATCH_QUICK_RAN_ON") == release:  # .ci/run's quick suite: this very release
@@ -91,13 +94,20 @@ def _run_release(session: nox.Session, release: str, strict: bool) -> None:
     _free_disk(session)
 
 
+def _pip(session: nox.Session, *args: str, **kwargs) -> None:
+    """``pip install`` without compiling every installed module to bytecode (torch and transformers:
+    about 30 s of CPU a session, most of it for modules no test imports; Python compiles what a test
+    imports when it imports it)."""
+    session.install("--no-compile", *args, **kwargs)
+
+
 def _install(session: nox.Session, release: str) -> None:
     """torch (the CPU build: never an unpinned torch), ``release``, the test dependencies, hfpatch."""
-    session.install(TORCH)
+    _pip(session, TORCH)
     for step in install_steps(release):
-        session.install(*step)
-    session.install(*TEST_DEPENDENCIES)
-    session.install("--no-deps", "--force-reinstall", str(ROOT))
+        _pip(session, *step)
+    _pip(session, *TEST_DEPENDENCIES)
+    _pip(session, "--no-deps", "--force-reinstall", str(ROOT))
 
 
 @nox.session(reuse_venv=True)
@@ -118,9 +128,10 @@ def ci(session: nox.Session, transformers: str) -> None:
 @nox.parametrize(("python", "torch", "transformers"), CORNERS, ids=[f"py{p}-torch{t}" for p, t, _ in CORNERS])
 def corners(session: nox.Session, torch: str, transformers: str) -> None:
     """The quick suite (the README's test command: pytest's defaults) at a corner of Python x torch."""
-    session.install(f"torch=={torch}", env={"PIP_CONSTRAINT": "/dev/null"})
-    session.install(f"transformers=={transformers}", *TEST_DEPENDENCIES)
-    session.install("--no-deps", "--force-reinstall", str(ROOT))
+    _pip(session, f"torch=={torch}", env={"PIP_CONSTRAINT": "/dev/null"})
+    _pip(session, f"transformers=={transformers}", *TEST_DEPENDENCIES)
+    _pip(session, "--no-deps", "--force-reinstall", str(ROOT))
+    session.env.update(OMP_NUM_THREADS="1")  # one torch thread, as every session (CI runs two at once)
     session.run("python", "-c", "import sys, torch, transformers; print(sys.version, torch.__version__, "
                 "transformers.__version__)")  # fmt: skip
     session.chdir(ROOT)
@@ -146,8 +157,8 @@ def decoders(session: nox.Session, transformers: str) -> None:
 @nox.session(reuse_venv=False)
 def integrations(session: nox.Session) -> None:
     """hfpatch with the libraries users combine it with, in their own ways of calling the model."""
-    session.install(TORCH, f"transformers=={NEWEST}", *INTEGRATIONS, *TEST_DEPENDENCIES)
-    session.install("--no-deps", "-e", str(ROOT))
+    _pip(session, TORCH, f"transformers=={NEWEST}", *INTEGRATIONS, *TEST_DEPENDENCIES)
+    _pip(session, "--no-deps", "-e", str(ROOT))
     session.env.update(OMP_NUM_THREADS="1")
     session.chdir(ROOT)
     session.run("python", "-m", "pip", "list", "--format=freeze", silent=False)
@@ -187,7 +198,7 @@ def wheel(session: nox.Session) -> None:
     session.run("python", "-m", "build", "--wheel", "--outdir", str(out), str(ROOT))
     wheels = sorted(out.glob("hfpatch-*.whl"))
     theirs = "4.57.6"  # the environment's own transformers: the last 4.x
-    session.install(TORCH, f"transformers=={theirs}")
+    _pip(session, TORCH, f"transformers=={theirs}")
     versions = "import torch, transformers; print(torch.__version__, transformers.__version__)"
     before = session.run("python", "-c", versions, silent=True)
     session.install(str(wheels[-1]))
