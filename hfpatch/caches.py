@@ -293,16 +293,19 @@ def lay_back(cache: Any, index: torch.Tensor, batch: int, length: int) -> None:
     batch's rows, in place, zeros at the pads: a later call continues it with the padded 2-D mask. Its
     layers' keys and values (4.54+), or its lists of them (4.36-4.53)."""
 
-    padded = functools.partial(padded_states, index=index, batch=batch, length=length)
+    def padded(states: Any) -> Any:  # a layer without keys (a hybrid model's state layer: None) as it is
+        if isinstance(states, torch.Tensor) and states.dim() == 4 and states.shape[0] == 1:
+            return padded_states(states, index, batch, length)
+        return states
+
     layers = getattr(cache, "layers", None)
     if layers is not None:
         for layer in layers:
-            keys = getattr(layer, "keys", None)
-            if isinstance(keys, torch.Tensor) and keys.dim() == 4 and keys.shape[0] == 1:
-                layer.keys, layer.values = padded(keys), padded(layer.values)
-    elif isinstance(getattr(cache, "key_cache", None), list):
-        cache.key_cache[:] = [padded(k) if k.dim() == 4 else k for k in cache.key_cache]
-        cache.value_cache[:] = [padded(v) if v.dim() == 4 else v for v in cache.value_cache]
+            if isinstance(getattr(layer, "keys", None), torch.Tensor):
+                layer.keys, layer.values = padded(layer.keys), padded(layer.values)
+    elif isinstance(getattr(cache, "key_cache", None), list):  # (5.2-5.4's hybrid caches: None at a
+        cache.key_cache[:] = [padded(k) for k in cache.key_cache]  # linear-attention layer)
+        cache.value_cache[:] = [padded(v) for v in cache.value_cache]
     if isinstance(getattr(cache, "_seen_tokens", None), int):
         cache._seen_tokens = length
     for layer in layers or ():  # state layers (hfpatch.mixers wrote their rows already): the padded count

@@ -720,3 +720,27 @@ def test_a_pooled_token_picked_by_the_pad_id_is_the_padded_calls(arch):
         reason = "a token pooled by the pad id, whose id a pad does not have"
         got = _padded_reason(lambda: model(**kwargs, labels=labels), reason)
     assert torch.equal(got.logits, want.logits) and torch.equal(got.loss, want.loss)
+
+
+def test_a_returned_cache_with_layers_of_state_is_laid_back_around_them():
+    """The keys a packed row of real tokens left in a list-kept cache go back to the padded rows, zeros at
+    the pads, and a layer that keeps no keys (None: a linear-attention layer of 5.2-5.4's hybrid caches,
+    Qwen3-Next's and Qwen3.5's) stays as it is (the matrix found an AttributeError there)."""
+    from types import SimpleNamespace
+
+    from hfpatch.caches import lay_back
+
+    lengths, width = [3, 1], 4  # left-padded: row 0 has 1 pad, row 1 has 3
+    keys = torch.randn(1, 2, sum(lengths), 5)
+    values = torch.randn(1, 2, sum(lengths), 5)
+    cache = SimpleNamespace(key_cache=[keys, None], value_cache=[values, None])
+    index = torch.tensor([r * width + width - n + i for r, n in enumerate(lengths) for i in range(n)])
+    lay_back(cache, index, len(lengths), width)
+    for got, flat in ((cache.key_cache[0], keys), (cache.value_cache[0], values)):
+        want = torch.zeros(len(lengths), 2, width, 5)
+        start = 0
+        for r, n in enumerate(lengths):  # each row's real tokens at its right end
+            want[r, :, width - n :] = flat[0, :, start : start + n]
+            start += n
+        assert torch.equal(got, want)
+    assert cache.key_cache[1] is None and cache.value_cache[1] is None
