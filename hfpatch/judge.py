@@ -14,7 +14,7 @@ import torch
 
 from ._compat import output_cache
 from ._context import CALL
-from .backends import SDPA
+from .backends import SDPA, backend_of
 from .caches import capacity, first_layer_keys, past_length, state_length
 from .declarations import PADDED_TABLE, SINUSOID, TABLE
 from .observers import call_site, fingerprint, keys_fingerprint
@@ -23,7 +23,7 @@ from .positions import new_token_positions, packed_stock_error, stock_error
 from .rope import DYNAMIC, scaled_rope
 from .sources import hands_positions_to_mask_functions, source_of, state_mixers
 from .support import in_range, installed_transformers
-from .windows import CHUNKED, backend_of, layer_types, positional, text_config, window_of
+from .windows import CHUNKED, layer_types, positional, text_config, window_of
 
 __all__ = [
     "OWN_POSITIONS",
