@@ -291,9 +291,10 @@ def lay_back(cache: Any, index: torch.Tensor, batch: int, length: int) -> None:
     """A growing cache filled by one packed row of a padded batch's real tokens (``index``: their flat
     numbers over ``batch x length``; a packed row may hold one token more, after them) laid back into the
     batch's rows, in place, zeros at the pads: a later call continues it with the padded 2-D mask. Its
-    layers' keys and values (4.54+), or its lists of them (4.36-4.53)."""
+    layers' keys and values (4.54+), or its lists of them (4.36-4.53, and the hybrid caches of 5.2-5.4,
+    whose lists hold None at a linear-attention layer)."""
 
-    def padded(states: Any) -> Any:  # a layer without keys (a hybrid model's state layer: None) as it is
+    def padded(states: Any) -> Any:  # a layer without keys (None, or a state layer's) as it is
         if isinstance(states, torch.Tensor) and states.dim() == 4 and states.shape[0] == 1:
             return padded_states(states, index, batch, length)
         return states
@@ -303,8 +304,8 @@ def lay_back(cache: Any, index: torch.Tensor, batch: int, length: int) -> None:
         for layer in layers:
             if isinstance(getattr(layer, "keys", None), torch.Tensor):
                 layer.keys, layer.values = padded(layer.keys), padded(layer.values)
-    elif isinstance(getattr(cache, "key_cache", None), list):  # (5.2-5.4's hybrid caches: None at a
-        cache.key_cache[:] = [padded(k) for k in cache.key_cache]  # linear-attention layer)
+    elif isinstance(getattr(cache, "key_cache", None), list):
+        cache.key_cache[:] = [padded(k) for k in cache.key_cache]
         cache.value_cache[:] = [padded(v) for v in cache.value_cache]
     if isinstance(getattr(cache, "_seen_tokens", None), int):
         cache._seen_tokens = length
