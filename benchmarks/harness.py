@@ -4,6 +4,8 @@ questions measure, and the interleaved timing (A, B, A, B, ...) whose median rat
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import re
 import statistics
 import time
 from collections.abc import Callable
@@ -31,6 +33,25 @@ ARCHS = ("gpt2", "llama")  # the rows the targets are stated for: one flagship o
 
 
 Sections = dict[str, tuple[list[str], Callable[[], list[str]]]]  # heading: (text, what measures its rows)
+
+
+def _status_mib(field: str) -> float:
+    kib = re.search(rf"^{field}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.M).group(1)
+    return int(kib) / 1024
+
+
+def reset_peak() -> float:
+    """The process's resident MiB now, with its high-water mark brought down to it (Linux) and the heap's
+    free memory handed back first (glibc): what a call grows past this, read by :func:`peak`, is its own,
+    even after a compilation whose peak was higher (``ru_maxrss`` never comes down)."""
+    ctypes.CDLL(None).malloc_trim(0)
+    Path("/proc/self/clear_refs").write_text("5")
+    return _status_mib("VmRSS")
+
+
+def peak() -> float:
+    """The process's resident high-water mark (MiB) since :func:`reset_peak`."""
+    return _status_mib("VmHWM")
 
 
 def small_model(arch: str) -> Any:

@@ -1,7 +1,7 @@
 """What a hybrid's packed and unpadded training step costs (hfpatch.mixers): Qwen3.5 (gated delta rule and
 attention layers), eight sequences of skewed lengths, 4k-16k tokens, against its padded step and against
-its sequences each run alone. Every measurement runs in a process of its own (peak memory is the process's
-growth over the step, ``ru_maxrss``), one torch thread, best of 2; the two variants of a row run back to
+its sequences each run alone. Every measurement runs in a process of its own (peak memory is the resident
+high-water mark's growth over the step, the mark reset before it), one torch thread, best of 2; the two variants of a row run back to
 back, A B A B, so that drift hits both; an A/A row measures the noise.
 
     python benchmarks/hybrids.py                                  # the table (about 10 minutes)
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -48,7 +47,7 @@ def measure(what: str, arch: str, tokens: int) -> dict:
 
     from hfpatch.verification.tiny import tiny_config
 
-    from harness import SMALL
+    from harness import SMALL, peak, reset_peak
 
     sizes = {
         **SMALL,
@@ -82,7 +81,7 @@ def measure(what: str, arch: str, tokens: int) -> dict:
         if "attention_mask" in call:
             labels[call["attention_mask"] == 0] = -100
         call["labels"] = labels
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    before = reset_peak()
     best = float("inf")
     for _ in range(2):
         model.zero_grad(set_to_none=True)
@@ -90,7 +89,7 @@ def measure(what: str, arch: str, tokens: int) -> dict:
         for call in calls:
             model(**call).loss.backward()
         best = min(best, time.perf_counter() - start)
-    grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    grown = peak() - before
     return {"seconds": best, "mib": grown}
 
 

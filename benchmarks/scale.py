@@ -1,6 +1,6 @@
 """What a packed row and an unpadded call cost at length: time and peak memory of one call against the
 sequences' own run, from 1k to 128k tokens. Every measurement runs in a process of its own (peak memory is
-the process's growth over the call, ``ru_maxrss``), one torch thread, best of 2; the variants of one row
+the resident high-water mark's growth over the call, the mark reset before it), one torch thread, best of 2; the variants of one row
 run back to back, A B A B, so that drift hits both.
 
     python benchmarks/scale.py --one packed llama sdpa 8 4096   # one measurement: its JSON line
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -57,7 +56,7 @@ def measure(
     sys.path.insert(0, str(HERE))
     from hfpatch.verification.tiny import tiny_model
 
-    from harness import SMALL
+    from harness import SMALL, peak, reset_peak
 
     sizes = {**SMALL, "max_position_embeddings": 1 << 18, "n_positions": 1 << 18}
     model = tiny_model(arch, sizes=sizes, attention=attention)
@@ -99,13 +98,13 @@ def measure(
 
     if compiled:
         once()  # (compiles: its memory is not the call's)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    before = reset_peak()
     best = float("inf")
     for _ in range(2):
         start = time.perf_counter()
         once()
         best = min(best, time.perf_counter() - start)
-    grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    grown = peak() - before
     return {"seconds": best, "mib": grown}
 
 
