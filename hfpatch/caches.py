@@ -80,12 +80,16 @@ def seen(cache: Any) -> Any:
 
 
 def recount_unwritten(cache: Any) -> None:
-    """5.25 reads a cache's count (the positions of a call without them, its attention mask's offset) on
-    its first layer: where that is a state layer the model never writes (RecurrentGemma keeps its states
-    on its own layers), it counts 0 and every continued call is taken as a first. Each such layer's
-    count set to what the attention layers hold (an int: no host read)."""
+    """5.18-5.22 and 5.25 read a cache's count (the positions of a call without them, its attention mask's
+    size and offset) on its first layer: where that is a layer the model never writes (RecurrentGemma keeps
+    its states on its own layers), it counts 0 and every continued call is taken as a first. 5.18-5.22 make
+    it an attention layer: it reads its count on a written one (5.12-5.17's model had the cache do so
+    itself); 5.25 a state layer: its count set to what the attention layers hold (an int: no host read)."""
     layers = getattr(cache, "layers", None)
-    if not layers or attends(layers[0]) or torch.compiler.is_compiling():
+    if not layers or torch.compiler.is_compiling():
+        return
+    if attends(layers[0]):
+        _recount_unwritten_attention(layers)
         return
     counted = seen(cache)
     if not isinstance(counted, int):
@@ -99,6 +103,17 @@ def recount_unwritten(cache: Any) -> None:
             any(f.values()) for f in written if isinstance(f, dict)
         ):
             count.fill_(counted)
+
+
+def _recount_unwritten_attention(layers: Any) -> None:
+    """5.18-5.22: each attention layer no call writes (its keys never set) reads its count and mask sizes
+    on the first written one, as 5.12-5.17's model had the cache read them."""
+    written = next((layer for layer in layers if attends(layer) and layer.keys is not None), None)
+    if written is None:
+        return
+    for layer in layers:
+        if attends(layer) and layer.keys is None and "get_seq_length" not in vars(layer):
+            layer.get_seq_length, layer.get_mask_sizes = written.get_seq_length, written.get_mask_sizes
 
 
 def growing_past(cache: Any) -> Optional[int]:

@@ -197,15 +197,16 @@ def make_forward(adapter: Adapter, original: Callable, plan: Plan, pin: Pin) -> 
 
 def _preparing_states(plan: Plan, original: Callable) -> Optional[Callable]:
     """What makes a cache of states right for a call of a model with state layers: 4.38-5.3's slots of
-    4.x Mamba's ``cache_params``, which stock refuses to make; 5.25's count of a cache whose first layer
-    the model never writes (RecurrentGemma's); None for any other."""
+    4.x Mamba's ``cache_params``, which stock refuses to make; 5.18-5.22's and 5.25's count of a cache
+    whose first layer the model never writes (RecurrentGemma's); None for any other."""
     if plan.mixers and plan.era == SLOTS and takes_keyword(original, "cache_position"):
         return _fill_state_slots
     return _recount_unwritten if plan.mixers and plan.era == SLOTS_REMOVED else None
 
 
 def _recount_unwritten(model: Any, kwargs: dict, cache: Any, rank: int) -> None:
-    """5.25: a cache whose state layers the model never writes, counted (:func:`caches.recount_unwritten`)."""
+    """5.18-5.22, 5.25: a cache whose first layer the model never writes, counted
+    (:func:`caches.recount_unwritten`)."""
     if cache is not None and keeps_state(model):
         caches.recount_unwritten(cache)
 

@@ -12,12 +12,14 @@ import contextlib
 import functools
 import importlib
 import inspect
+import types
 import warnings
 
 import pytest
 import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 from test_packed import (
     CHECKPOINTING,
@@ -74,10 +76,11 @@ STOCK_RAISES = {
 }
 # a model that returns no cache (its layers keep their state): its caller passes one and keeps it
 RETURNS_NO_CACHE = {"recurrent_gemma"}
-# from a release on, stock continues no call of the model right, even unpadded (5.25 counts RecurrentGemma's
-# cache on a layer it never writes: 0, and its positions and attention mask restart): the pieces of
-# split_noise run patched there (each row alone, no pad: what hfpatch fixes is that count)
-MISCOUNTS = {"recurrent_gemma": "5.25"}
+# releases whose stock continues no call of the model right, even unpadded (5.18-5.22 and 5.25 count
+# RecurrentGemma's cache on a layer it never writes: 0, and its positions and attention mask restart;
+# measured: 5.12-5.17's model counted on its first attention layer, 5.23-5.24's cache skips state layers):
+# the pieces of split_noise run patched there (each row alone, no pad: what hfpatch fixes is that count)
+MISCOUNTS = {"recurrent_gemma": (SpecifierSet(">=5.18,<5.23"), SpecifierSet(">=5.25"))}
 
 
 def packed_kept(model) -> None:
@@ -289,7 +292,7 @@ def split_noise(model, rows, chunks) -> float:
         counts = [c[r] for c in chunks if c[r]]
         first = min(len(row), max(counts[0], 2))
         cache, taken, pieces = first_cache(model), 0, []
-        miscounts = model.config.model_type in MISCOUNTS and TF >= Version(MISCOUNTS[model.config.model_type])
+        miscounts = any(r.contains(TF, prereleases=True) for r in MISCOUNTS.get(model.config.model_type, ()))
         with contextlib.nullcontext() if miscounts else stock(), torch.no_grad():
             for n in [first] + [1] * (len(row) - first):  # (no mask: every token real)
                 extra = {name: cache} if name is not None else {}
@@ -519,3 +522,26 @@ def test_a_first_call_of_one_token_starts_afresh():
     with stock():
         wrong = (stepped() - run_alone(model, row)).abs().max()
     assert wrong > WRONG, "stock is right: the test shows nothing"
+
+
+def test_an_attention_layer_no_call_writes_counts_what_a_written_one_holds():
+    """5.18-5.22 make every layer of RecurrentGemma's cache an attention layer and read the cache's count on
+    the first, which the model never writes (its recurrent block keeps its state on itself): from the
+    model's first call on, that layer counts what the written one holds. (The model's own continued calls
+    on those releases: test_padded_batches_split_into_cached_calls, in the release matrix.)"""
+    from hfpatch.caches import recount_unwritten
+
+    cache_utils = importlib.import_module("transformers.cache_utils")
+    if not hasattr(cache_utils, "DynamicLayer"):
+        pytest.skip(f"no cache layer objects in transformers {TF}")
+    unwritten, written = cache_utils.DynamicLayer(), cache_utils.DynamicLayer()
+    cache = types.SimpleNamespace(layers=[unwritten, written])
+    recount_unwritten(cache)  # (a first call: nothing written, nothing to count)
+    assert unwritten.get_seq_length() == 0
+    keys = torch.zeros(1, 1, 5, 4)
+    written.update(keys, keys)
+    assert unwritten.get_seq_length() == 0  # (what stock reads there)
+    recount_unwritten(cache)
+    assert unwritten.get_seq_length() == 5
+    written.update(keys[:, :, :1], keys[:, :, :1])
+    assert unwritten.get_seq_length() == 6
