@@ -230,10 +230,15 @@ SECTIONS = {
 
 SECTIONS["## A compiled packed row: time and memory against the sequences' own compiled run"] = (
     [
-        "As above, each model under `torch.compile(fullgraph=True)` (inductor), its first call (the",
-        "compilation) not counted. A compiled packed row hands its attention layers its layout as one small",
-        "tensor, which a custom op (`hfpatch::sdpa_by_sequence`) runs by sequence, as eager mode does: one",
-        "graph for every stream of lengths. Stock's compiled packed row is wrong and dense.",
+        "As above, each model under `torch.compile(fullgraph=True)` (inductor; an `unpad=True` call under",
+        "`torch.compile(model)`: its host read of the mask is a graph break, the packed call after it compiled on",
+        "the real tokens), its first call (the compilation) not counted, peak memory from a high-water mark",
+        "reset after it. A compiled packed row hands its attention layers its layout as one small tensor, which",
+        "a custom op (`hfpatch::sdpa_by_sequence`) runs by sequence, as eager mode does: one graph for every",
+        "stream of lengths. Stock's compiled packed row is wrong and dense. The `unpad=True` rows' reference is",
+        "each sequence alone, compiled: eight calls (one of 8,192 or 16,384 tokens, seven of 1,024 or 2,048),",
+        "whose fixed cost counts eight times and whose memory is the largest one's; the unpadded call holds",
+        "all its real tokens at once (in a training step their activations: about 1.9x the largest alone).",
         "",
         "| call | tokens | attention | hfpatch or stock (s) | own (s) | time ratio | peak MiB (call / own) | memory ratio |",
         "|---|---|---|---|---|---|---|---|",
