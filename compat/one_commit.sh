@@ -11,7 +11,7 @@
 # whose evidence here is already at this commit. Then compat/REPORT.md. pip's cache is reused.
 # Logs: compat/results/logs/RELEASE.log; times: compat/results/RELEASE.times.json; the JUnit XML stays in
 # the worktree's compat/results/ ($MATRIX_WORK/tree-COMMIT, kept for --resume; git worktree remove it).
-# About 3.5 hours on one core, 1.8 with -j 2 (docs/compatibility.md). In the background:
+# About 5 hours with -j 2 on two cores (2026-12-07; docs/compatibility.md). In the background:
 #   nohup bash compat/one_commit.sh --resume > compat/results/one_commit.log 2>&1 &
 set -euo pipefail
 if [ -z "${ONE_COMMIT_CHECKOUT:-}" ]; then  # run a copy: the checkout's own file may change meanwhile
