@@ -1,8 +1,8 @@
 """What a hybrid's packed and unpadded training step costs (hfpatch.mixers): Qwen3.5 (gated delta rule and
 attention layers), eight sequences of skewed lengths, 4k-16k tokens, against its padded step and against
 its sequences each run alone. Every measurement runs in a process of its own (peak memory is the resident
-high-water mark's growth over the step, the mark reset before it), one torch thread, best of 2; the two variants of a row run back to
-back, A B A B, so that drift hits both; an A/A row measures the noise.
+high-water mark's growth over the step, the mark reset before it), one torch thread, best of 2; the two
+variants of a row run back to back, A B A B, so that drift hits both; an A/A row measures the noise.
 
     python benchmarks/hybrids.py                                  # the table (about 10 minutes)
     python benchmarks/hybrids.py --one packed qwen3_5_text 4096    # one measurement: its JSON line

@@ -1,7 +1,7 @@
 """What a packed row and an unpadded call cost at length: time and peak memory of one call against the
 sequences' own run, from 1k to 128k tokens. Every measurement runs in a process of its own (peak memory is
-the resident high-water mark's growth over the call, the mark reset before it), one torch thread, best of 2; the variants of one row
-run back to back, A B A B, so that drift hits both.
+the resident high-water mark's growth over the call, the mark reset before it), one torch thread, best of
+2; the variants of one row run back to back, A B A B, so that drift hits both.
 
     python benchmarks/scale.py --one packed llama sdpa 8 4096   # one measurement: its JSON line
     python benchmarks/scale.py --release [--compiled]          # another release's rows, run under it
