@@ -4,7 +4,7 @@ the resident high-water mark's growth over the call, the mark reset before it), 
 2; the variants of one row run back to back, A B A B, so that drift hits both.
 
     python benchmarks/scale.py --one packed llama sdpa 8 4096   # one measurement: its JSON line
-    python benchmarks/scale.py --release [--compiled]          # another release's rows, run under it
+    python benchmarks/scale.py --release [--compiled [--long]] # another release's rows, run under it
 """
 
 from __future__ import annotations
@@ -184,6 +184,24 @@ def compiled_at_length(arch: str = "llama") -> list[str]:
     return out
 
 
+def compiled_at_greater_length(arch: str = "llama") -> list[str]:
+    """``--release --compiled --long``: compiled packed rows of 32k and 64k tokens (no stock row: its dense
+    mask), an unpadded call of 32k slots a row, an A/A row at 32k."""
+    out = []
+    for sequences, length in ((8, 4096), (8, 8192)):
+        shape = (arch, "sdpa", sequences, length, 0, 1)
+        ours, own = _pair(("packed", *shape), ("own", *shape))
+        out.append(
+            _row(f"compiled packed row, {sequences} x {length:,}", sequences * length, "sdpa", ours, own)
+        )
+    shape = (arch, "sdpa", 8, 4096, 0, 1)
+    ours, alone = _pair(("unpad", *shape), ("alone", *shape))
+    out.append(_row("compiled `unpad=True`, 8 rows of 32,768 slots (one full)", 32768, "sdpa", ours, alone))
+    control = _pair(("own", *shape), ("own", *shape))
+    out.append(_row("A/A: compiled own vs own, 8 x 4,096", 32768, "sdpa", *control))
+    return out
+
+
 def on_this_release(arch: str = "llama") -> list[str]:
     """The rows another release is asked (``--release``: run under it; 4.45.2 and 4.57.6 in RESULTS.md):
     8k and 16k tokens, SDPA and eager, packed and unpadded, a training step, an A/A row."""
@@ -255,9 +273,10 @@ if __name__ == "__main__":
     elif sys.argv[1:2] == ["--release"]:  # the rows of an older release, run under it (--compiled: compiled)
         import transformers
 
-        compiled = "--compiled" in sys.argv[2:]
+        compiled, long = "--compiled" in sys.argv[2:], "--long" in sys.argv[2:]
         section = list(SECTIONS.values())[1 if compiled else 0]
+        rows = (compiled_at_greater_length if long else compiled_at_length) if compiled else on_this_release
         print(f"transformers {transformers.__version__}\n")
-        print("\n".join(section[0][-2:] + (compiled_at_length() if compiled else on_this_release())))
+        print("\n".join(section[0][-2:] + rows()))
     else:
         print("\n".join(SECTIONS[next(iter(SECTIONS))][0] + at_length()))
