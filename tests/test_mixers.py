@@ -72,7 +72,15 @@ def uncarried(model) -> bool:
 
 # measured: where stock itself raises on the tests' rows (the release probe covers these releases)
 STOCK_RAISES = {
-    "xlstm": ("5.2", "stock's own chunkwise kernel raises on a row of 8 tokens ('Tensor' is not callable)"),
+    "xlstm": (
+        SpecifierSet("<5.2"),
+        "stock's own chunkwise kernel raises on a row of 8 tokens ('Tensor' is not callable)",
+    ),
+    "nemotron_h": (  # (5.13.1 and 5.15.1 run; 5.14.0's cache_utils reads as 5.14.1's)
+        SpecifierSet(">=5.14,<5.15"),
+        "stock's own DynamicCache(config=...) has no layer for its MLP blocks (KeyError: 'mlp'): every call"
+        " that makes its cache raises",
+    ),
 }
 # a model that returns no cache (its layers keep their state): its caller passes one and keeps it
 RETURNS_NO_CACHE = {"recurrent_gemma"}
@@ -152,7 +160,7 @@ def hybrid(arch: str, **sizes):
     reason = arch_skip_reason(arch)
     if reason:
         pytest.skip(reason)
-    if arch in STOCK_RAISES and TF < Version(STOCK_RAISES[arch][0]):
+    if arch in STOCK_RAISES and STOCK_RAISES[arch][0].contains(TF, prereleases=True):
         pytest.skip(f"{arch} in transformers {TF}: {STOCK_RAISES[arch][1]}")
     importlib.import_module(REGISTRY[arch].module)  # (patched on import: its status is its class's)
     said = hfpatch.status()[arch].packed
