@@ -75,7 +75,8 @@ run_one() {
   then
     cp "$tree/compat/evidence/$release.json" "$here/compat/evidence/$release.json"
     cp "$tree/compat/results/$release.times.json" "$here/compat/results/" 2>/dev/null || true
-    echo "$release ok at $commit, $((SECONDS - start)) s in all: $(tail -1 "$log")"
+    failed=$(grep -o '"fail"' "$here/compat/evidence/$release.json" | wc -l)  # (the suite's failing cells)
+    echo "$release ran at $commit, $failed suite checks failed, $((SECONDS - start)) s in all: $(tail -1 "$log")"
   else
     echo "$release FAILED (see $log)"
   fi
