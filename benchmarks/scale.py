@@ -160,45 +160,37 @@ def at_length(arch: str = "llama") -> list[str]:
     return out
 
 
-def compiled_at_length(arch: str = "llama") -> list[str]:
+def compiled_at_length(arch: str = "llama", long: bool = False) -> list[str]:
+    """Compiled packed rows and unpadded calls of 8k and 16k tokens, stock's packed row, training steps and
+    an A/A row; ``long`` (``--release --compiled --long``): packed rows of 32k and 64k tokens, an unpadded
+    call of 32k slots a row and the A/A row at 32k (no stock row: its dense mask; no training step)."""
+    sizes = ((8, 4096), (8, 8192)) if long else ((8, 1024), (8, 2048))
+    rows = (("packed", "packed row"),) + (() if long else (("stock", "stock's packed row (leaks)"),))
     out = []
-    for sequences, length in ((8, 1024), (8, 2048)):
-        tokens = sequences * length
-        for what, label in (("packed", "packed row"), ("stock", "stock's packed row (leaks)")):
-            ours, own = _pair(
-                (what, arch, "sdpa", sequences, length, 0, 1), ("own", arch, "sdpa", sequences, length, 0, 1)
+    for sequences, length in sizes:
+        shape = (arch, "sdpa", sequences, length, 0, 1)
+        for what, label in rows:
+            ours, own = _pair((what, *shape), ("own", *shape))
+            out.append(
+                _row(f"compiled {label}, {sequences} x {length:,}", sequences * length, "sdpa", ours, own)
             )
-            out.append(_row(f"compiled {label}, {sequences} x {length:,}", tokens, "sdpa", ours, own))
-    for sequences, length in ((8, 1024), (8, 2048)):
+    for sequences, length in sizes[:1] if long else sizes:
         shape = (arch, "sdpa", sequences, length, 0, 1)
         ours, alone = _pair(("unpad", *shape), ("alone", *shape))
         label = f"compiled `unpad=True`, {sequences} rows of {sequences * length:,} slots (one full)"
         out.append(_row(label, sequences * length, "sdpa", ours, alone))
-    shape = (arch, "sdpa", 8, 1024, 1, 1)
-    ours, own = _pair(("packed", *shape), ("own", *shape))
-    out.append(_row("compiled training step, packed 8 x 1,024", 8192, "sdpa", ours, own))
-    ours, alone = _pair(("unpad", *shape), ("alone", *shape))
-    out.append(_row("compiled training step, `unpad=True`, 8 rows of 8,192 slots", 8192, "sdpa", ours, alone))
-    control = _pair(("own", arch, "sdpa", 8, 1024, 0, 1), ("own", arch, "sdpa", 8, 1024, 0, 1))
-    out.append(_row("A/A: compiled own vs own, 8 x 1,024", 8192, "sdpa", *control))
-    return out
-
-
-def compiled_at_greater_length(arch: str = "llama") -> list[str]:
-    """``--release --compiled --long``: compiled packed rows of 32k and 64k tokens (no stock row: its dense
-    mask), an unpadded call of 32k slots a row, an A/A row at 32k."""
-    out = []
-    for sequences, length in ((8, 4096), (8, 8192)):
-        shape = (arch, "sdpa", sequences, length, 0, 1)
+    if not long:
+        shape = (arch, "sdpa", 8, 1024, 1, 1)
         ours, own = _pair(("packed", *shape), ("own", *shape))
-        out.append(
-            _row(f"compiled packed row, {sequences} x {length:,}", sequences * length, "sdpa", ours, own)
-        )
-    shape = (arch, "sdpa", 8, 4096, 0, 1)
-    ours, alone = _pair(("unpad", *shape), ("alone", *shape))
-    out.append(_row("compiled `unpad=True`, 8 rows of 32,768 slots (one full)", 32768, "sdpa", ours, alone))
+        out.append(_row("compiled training step, packed 8 x 1,024", 8192, "sdpa", ours, own))
+        ours, alone = _pair(("unpad", *shape), ("alone", *shape))
+        label = "compiled training step, `unpad=True`, 8 rows of 8,192 slots"
+        out.append(_row(label, 8192, "sdpa", ours, alone))
+    sequences, length = sizes[0]
+    shape = (arch, "sdpa", sequences, length, 0, 1)
     control = _pair(("own", *shape), ("own", *shape))
-    out.append(_row("A/A: compiled own vs own, 8 x 4,096", 32768, "sdpa", *control))
+    label = f"A/A: compiled own vs own, {sequences} x {length:,}"
+    out.append(_row(label, sequences * length, "sdpa", *control))
     return out
 
 
@@ -275,8 +267,8 @@ if __name__ == "__main__":
 
         compiled, long = "--compiled" in sys.argv[2:], "--long" in sys.argv[2:]
         section = list(SECTIONS.values())[1 if compiled else 0]
-        rows = (compiled_at_greater_length if long else compiled_at_length) if compiled else on_this_release
+        rows = compiled_at_length(long=long) if compiled else on_this_release()
         print(f"transformers {transformers.__version__}\n")
-        print("\n".join(section[0][-2:] + rows()))
+        print("\n".join(section[0][-2:] + rows))
     else:
         print("\n".join(SECTIONS[next(iter(SECTIONS))][0] + at_length()))

@@ -539,10 +539,7 @@ def test_an_attention_layer_no_call_writes_counts_what_a_written_one_holds():
     on those releases: test_padded_batches_split_into_cached_calls, in the release matrix.)"""
     from hfpatch.caches import recount_unwritten
 
-    try:
-        cache_utils = importlib.import_module("transformers.cache_utils")
-    except ImportError:  # (before 4.36)
-        cache_utils = None
+    cache_utils = pytest.importorskip("transformers.cache_utils")  # (from 4.36)
     if not hasattr(cache_utils, "DynamicLayer"):
         pytest.skip(f"no cache layer objects in transformers {TF}")
     unwritten, written = cache_utils.DynamicLayer(), cache_utils.DynamicLayer()
