@@ -595,7 +595,9 @@ def _commits(summary: dict) -> str:
     cells = []
     for commit, n in counts.items():
         after = behind.get(commit)
-        later = "" if after is None or commit == newest else f", {after} runtime commits before `{newest}`"
+        later = ""
+        if after is not None and commit != newest:
+            later = f", {after} runtime commit{'' if after == 1 else 's'} before `{newest}`"
         cells.append(f"`{commit}` ({n}{later})")
     return ", ".join(cells)
 

@@ -46,7 +46,7 @@ def test_the_report_and_the_evidence_regenerate_identically():
     history = subprocess.run(["git", "rev-parse", "HEAD"], cwd=COMPAT.parent, capture_output=True)
     if history.returncode:  # a copy without git history (an sdist, CI's second checkout): the report
         # cannot count the runtime commits between the commits it was measured at, and leaves them out
-        committed = re.sub(r", \d+ runtime commits before `[0-9a-f]+`", "", committed)
+        committed = re.sub(r", \d+ runtime commits? before `[0-9a-f]+`", "", committed)
     assert committed == report.render(SUMMARY), "run python compat/report.py"
     for release in RELEASES:
         path = COMPAT / "evidence" / f"{release}.json"
